@@ -1,0 +1,215 @@
+"""Benchmark: does speculation pay on this CPU, and does it match the formula?
+
+On the embedded pair, for chat-, code- and RAG-shaped prompts (the workload datasets), greedy
+and temperature 0.7, at batch 1: tokens/s for target-only, draft-model and n-gram drafting;
+acceptance rate, mean accepted length, measured speedup, and the speedup predicted from the
+measured acceptance and step times:
+
+    E[tokens/round] = (1 − α^(K+1)) / (1 − α)
+    predicted       = E × T_target_step / (K·T_draft_step + T_verify(K+1))
+
+Then throughput at batch 1, 4, 16, 32 with and without speculation (where does it stop
+paying?), and Hugging Face ``transformers`` assisted generation on the same pair and prompts
+(``assistant_model=`` and ``prompt_lookup_num_tokens=``), greedy, batch 1, as a peer measured
+in the same run. Every ratio compares figures measured in this run.
+
+    python benchmarks/engine_speedup.py [--prompts 6] [--max-tokens 128] [--k 4] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+import uuid
+
+import pandas as pd
+import torch
+
+from spectest.engine.api import MODELS_DIR, build_engine
+from spectest.engine.policies import FixedK
+from spectest.engine.requests import GenerationRequest
+from spectest.engine.sampling import SamplingParams
+from spectest.loadgen.datasets import load_dataset
+
+
+def prompts_for(tokenizer, category: str, n: int, max_prompt: int) -> list[list[int]]:
+    out = []
+    for rec in load_dataset(category, seed=0).records:
+        if rec.messages is not None:
+            text = tokenizer.apply_chat_template(list(rec.messages), add_generation_prompt=True)
+        else:
+            text = rec.prompt
+        ids = tokenizer.encode(text)
+        if len(ids) <= max_prompt:
+            out.append(ids)
+        if len(out) == n:
+            break
+    return out
+
+
+def run(engine, prompts, max_tokens, temperature, speculative=True, batch=1):
+    """Generate every prompt (``batch`` at a time); return tokens, seconds and round records."""
+    records = []
+    engine.observers.append(records.append)
+    tokens = 0
+    stats = []
+    t0 = time.perf_counter()
+    for i in range(0, len(prompts), batch):
+        outs = {}
+        for j, ids in enumerate(prompts[i:i + batch]):
+            rid = uuid.uuid4().hex
+            params = SamplingParams(max_tokens=max_tokens, temperature=temperature,
+                                    seed=1000 + i + j)
+            engine.submit(GenerationRequest(rid, tuple(ids), params, speculative=speculative),
+                          lambda o: outs.setdefault(o.request_id, []).append(o))
+        engine.run_until_idle()
+        for outputs in outs.values():
+            tokens += sum(len(o.token_ids) for o in outputs)
+            stats.append(outputs[-1].stats)
+    seconds = time.perf_counter() - t0
+    engine.observers.remove(records.append)
+    return tokens, seconds, records, stats
+
+
+def summarize(name, category, temperature, tokens, seconds, records, k):
+    rows = [r for rec in records for r in rec.rows]
+    drafted = [r for r in rows if r.k_proposed]
+    proposed = sum(r.k_proposed for r in drafted)
+    accepted = sum(r.accepted for r in drafted)
+    spec_rounds = [rec for rec in records if any(r.k_proposed for r in rec.rows)]
+    return {
+        "arm": name, "workload": category, "temperature": temperature, "tokens": tokens,
+        "seconds": round(seconds, 3), "tok_s": round(tokens / seconds, 1),
+        "acceptance_rate": round(accepted / proposed, 3) if proposed else None,
+        "mean_accepted_length": round(1 + accepted / len(drafted), 3) if drafted else None,
+        "draft_ms_per_token": round(statistics.mean(r.draft_seconds / max(1, max(
+            x.k_proposed for x in r.rows)) for r in spec_rounds) * 1e3, 3) if spec_rounds else None,
+        "verify_ms": round(statistics.mean(r.verify_seconds for r in records) * 1e3, 3),
+        "round_ms": round(seconds / max(1, len(records)) * 1e3, 3),
+        "k": k if name != "target-only" else 0,
+    }
+
+
+def predicted_speedup(row, base_row, k):
+    alpha = row["acceptance_rate"]
+    if alpha is None:
+        return None
+    expected = (k + 1) if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+    t_target = base_row["round_ms"]
+    cost = k * (row["draft_ms_per_token"] or 0) + row["verify_ms"]
+    return round(expected * t_target / cost, 3)
+
+
+def hf_peer(prompts, max_tokens, k):
+    """transformers greedy, assisted (draft model) and prompt-lookup generation, batch 1."""
+    from transformers import AutoModelForCausalLM
+    target = AutoModelForCausalLM.from_pretrained(MODELS_DIR / "target",
+                                                  torch_dtype=torch.float32).eval()
+    draft = AutoModelForCausalLM.from_pretrained(MODELS_DIR / "draft",
+                                                 torch_dtype=torch.float32).eval()
+    eos = target.generation_config.eos_token_id
+    out = {}
+    for name, extra in (("hf-greedy", {}), ("hf-assisted", {"assistant_model": draft}),
+                        ("hf-prompt-lookup", {"prompt_lookup_num_tokens": k})):
+        if name == "hf-assisted":
+            draft.generation_config.num_assistant_tokens = k
+            draft.generation_config.num_assistant_tokens_schedule = "constant"
+        tokens, t0 = 0, time.perf_counter()
+        with torch.inference_mode():
+            for ids in prompts:
+                x = torch.tensor([ids])
+                y = target.generate(x, max_new_tokens=max_tokens, do_sample=False,
+                                    eos_token_id=eos, pad_token_id=eos[-1], **extra)
+                tokens += y.shape[1] - x.shape[1]
+        out[name] = tokens / (time.perf_counter() - t0)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts", type=int, default=6, help="prompts per workload")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--max-prompt", type=int, default=700)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--batches", default="1,4,16,32")
+    ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--json", default=None, help="also write the figures to this file")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    k = args.k
+    engines = {
+        "target-only": build_engine(drafter="none", policy=FixedK(0), max_num_seqs=32),
+        "draft-model": build_engine(drafter="draft-model", policy=FixedK(k), max_num_seqs=32),
+        "ngram": build_engine(drafter="ngram", policy=FixedK(k), max_num_seqs=32),
+    }
+    tok = engines["target-only"].tokenizer
+    rows = []
+    prompt_sets = {c: prompts_for(tok, c, args.prompts, args.max_prompt)
+                   for c in ("chat", "code", "rag")}
+    for category, prompts in prompt_sets.items():
+        for temperature in (0.0, 0.7):
+            base = None
+            for name, engine in engines.items():
+                run(engine, prompts[:1], 8, temperature)  # warm-up
+                tokens, seconds, records, _ = run(engine, prompts, args.max_tokens, temperature)
+                row = summarize(name, category, temperature, tokens, seconds, records, k)
+                if name == "target-only":
+                    base = row
+                row["speedup"] = round(row["tok_s"] / base["tok_s"], 3)
+                row["predicted"] = predicted_speedup(row, base, k) if name != "target-only" \
+                    else 1.0
+                rows.append(row)
+                print(f"{category:5s} T={temperature} {name:12s} {row['tok_s']:7.1f} tok/s "
+                      f"speedup {row['speedup']:.2f} (predicted {row['predicted']}) "
+                      f"α={row['acceptance_rate']} L={row['mean_accepted_length']}", flush=True)
+    table = pd.DataFrame(rows)
+    print("\n== batch 1, per workload ==")
+    print(table.to_string(index=False))
+
+    print("\n== throughput vs batch size (mixed prompts, greedy) ==")
+    mixed = [p for ps in prompt_sets.values() for p in ps]
+    thr = []
+    for b in [int(x) for x in args.batches.split(",")]:
+        reqs = (mixed * ((2 * b) // len(mixed) + 1))[:max(2 * b, len(mixed))]
+        line = {"batch": b}
+        for name in ("target-only", "draft-model", "ngram"):
+            tokens, seconds, _, _ = run(engines[name], reqs, args.max_tokens // 2, 0.0, batch=b)
+            line[name] = round(tokens / seconds, 1)
+        line["draft-model/target"] = round(line["draft-model"] / line["target-only"], 3)
+        line["ngram/target"] = round(line["ngram"] / line["target-only"], 3)
+        thr.append(line)
+        print(line, flush=True)
+    thr_table = pd.DataFrame(thr)
+    losing = thr_table[thr_table["draft-model/target"] < 1.0]["batch"].tolist()
+    print(thr_table.to_string(index=False))
+    print(f"draft-model speculation stops paying at batch: "
+          f"{losing[0] if losing else 'not reached (pays at every measured batch)'}")
+
+    peer = {}
+    if not args.skip_hf:
+        print("\n== Hugging Face transformers on the same pair and prompts (greedy, batch 1) ==")
+        code = prompt_sets["code"] + prompt_sets["chat"] + prompt_sets["rag"]
+        peer = hf_peer(code, args.max_tokens, k)
+        ours = {}
+        for name in ("target-only", "draft-model", "ngram"):
+            tokens, seconds, _, _ = run(engines[name], code, args.max_tokens, 0.0)
+            ours[name] = tokens / seconds
+        for (mine, theirs) in (("target-only", "hf-greedy"), ("draft-model", "hf-assisted"),
+                               ("ngram", "hf-prompt-lookup")):
+            print(f"{mine:12s} {ours[mine]:7.1f} tok/s vs {theirs:17s} {peer[theirs]:7.1f} "
+                  f"tok/s → {ours[mine] / peer[theirs]:.2f}×")
+    code_greedy = table[(table.workload == "code") & (table.temperature == 0.0)]
+    dm = code_greedy[code_greedy.arm == "draft-model"].iloc[0]
+    print(f"\nSUMMARY code greedy batch-1 draft-model speedup {dm.speedup:.2f}× "
+          f"(predicted {dm.predicted}, error {abs(dm.speedup - dm.predicted) / dm.predicted:.0%})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"batch1": rows, "throughput": thr, "hf": peer}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

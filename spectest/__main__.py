@@ -1,0 +1,5 @@
+import sys
+
+from spectest.cli import main
+
+sys.exit(main())

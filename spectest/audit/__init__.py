@@ -1,0 +1,1 @@
+"""The KL/logprob auditor and CI quality-drift gate (``spectest audit``); see ``cli``."""

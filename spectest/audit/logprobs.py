@@ -1,0 +1,157 @@
+"""Check 2: the candidate's reported logprobs against the baseline's scoring of the same prefix.
+
+Owns: per-position comparison of two top-n logprob lists, the aggregate figures (KL, largest
+absolute logprob difference, rank agreement, each split into the first generated token and the
+later ones) and the check's verdict.
+
+Every token the candidate generated (greedy and sampled runs) comes with the candidate's own
+logprob and top-n; the baseline scores the candidate's sequence (echo + logprobs) and reports
+the same at the same prefix.  Both are the raw model distribution (before temperature/top-k/
+top-p), so a correct candidate agrees up to floating-point noise whatever it sampled.
+
+KL on the shared top-n support, stated precisely: let S be the tokens present in *both* lists.
+Both distributions are coarsened to |S| + 1 outcomes — each token of S, plus one bucket
+"everything else" holding 1 - Σ_S p (resp. 1 - Σ_S q).  All these masses are known exactly, so
+
+    KL_S(baseline ‖ candidate) = Σ_{j∈S} p_j log(p_j / q_j) + p_rest log(p_rest / q_rest)
+
+is computable, and by the data-processing inequality it is a *lower bound* on the full-
+vocabulary KL (equal when S holds all the mass).  Rank agreement: the share of positions where
+both name the same top-1 token, not counting near-ties (baseline gap below the tie tolerance),
+and where the emitted token has the same rank in both lists.
+
+Does not know: HTTP, the distribution test or report files.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from spectest.audit.samples import Position
+
+_EPS = 1e-12
+
+
+def shared_kl(base: Position, cand: Position) -> float:
+    """KL(baseline ‖ candidate) on the shared top-n support plus one rest bucket (nats)."""
+    q_of = dict(cand.top)
+    q_of.setdefault(cand.token, cand.logprob)
+    p_of = dict(base.top)
+    p_of.setdefault(base.token, base.logprob)
+    shared = [t for t in p_of if t in q_of]
+    if not shared:
+        return math.inf
+    p = np.exp([p_of[t] for t in shared])
+    q = np.exp([q_of[t] for t in shared])
+    p_rest = max(0.0, 1.0 - float(p.sum()))
+    q_rest = max(0.0, 1.0 - float(q.sum()))
+    kl = float((p * (np.log(np.maximum(p, _EPS)) - np.log(np.maximum(q, _EPS)))).sum())
+    if p_rest > 1e-9:
+        kl += p_rest * (math.log(p_rest) - math.log(max(q_rest, _EPS)))
+    return max(kl, 0.0)
+
+
+@dataclass(frozen=True)
+class PositionDiff:
+    prompt_id: str
+    index: int  # generated position, 0-based
+    token: int
+    kl: float
+    abs_diff: float  # |candidate logprob - baseline logprob| of the emitted token
+    top1_disagree: bool  # different top-1 and not a near-tie
+    rank_agree: bool
+
+
+def compare(prompt_id: str, index: int, cand: Position, base: Position,
+            tie_tolerance: float) -> PositionDiff:
+    kl = shared_kl(base, cand)
+    diff = abs(cand.logprob - base.logprob)
+    disagree = False
+    if cand.top and base.top and cand.top[0][0] != base.top[0][0]:
+        other = base.logprob_of(cand.top[0][0])
+        disagree = other is None or base.top[0][1] - other >= tie_tolerance
+    rank = lambda pos: next((i for i, (t, _) in enumerate(pos.top) if t == pos.token), None)
+    return PositionDiff(prompt_id, index, cand.token, kl, diff, disagree,
+                        rank(cand) == rank(base))
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    max_kl: float = 0.01
+    mean_kl: float = 0.001
+    max_abs_logprob: float = 0.1
+    max_top1_disagreement: float = 0.01  # share of positions
+
+
+@dataclass(frozen=True)
+class Segment:
+    positions: int
+    mean_kl: float
+    max_kl: float
+    max_abs_logprob: float
+    top1_disagreement: float
+    rank_agreement: float
+
+    @staticmethod
+    def of(diffs: Sequence[PositionDiff]) -> Segment:
+        if not diffs:
+            return Segment(0, 0.0, 0.0, 0.0, 0.0, 1.0)
+        kl = np.array([d.kl for d in diffs])
+        return Segment(len(diffs), float(kl.mean()), float(kl.max()),
+                       max(d.abs_diff for d in diffs),
+                       sum(d.top1_disagree for d in diffs) / len(diffs),
+                       sum(d.rank_agree for d in diffs) / len(diffs))
+
+    def breaches(self, t: Thresholds) -> list[str]:
+        out = []
+        if self.max_kl > t.max_kl:
+            out.append(f"max KL {self.max_kl:.3g} > {t.max_kl:g}")
+        if self.mean_kl > t.mean_kl:
+            out.append(f"mean KL {self.mean_kl:.3g} > {t.mean_kl:g}")
+        if self.max_abs_logprob > t.max_abs_logprob:
+            out.append(f"max |Δlogprob| {self.max_abs_logprob:.3g} > {t.max_abs_logprob:g}")
+        if self.top1_disagreement > t.max_top1_disagreement:
+            out.append(f"top-1 disagreement {100 * self.top1_disagreement:.2f}% > "
+                       f"{100 * t.max_top1_disagreement:g}%")
+        return out
+
+
+@dataclass(frozen=True)
+class LogprobResult:
+    all: Segment
+    first: Segment  # generated position 1 (the prefill token)
+    later: Segment  # positions 2, 3, … (shaped by speculation)
+    worst: tuple[PositionDiff, ...]  # largest KL first
+    thresholds: Thresholds
+
+    @property
+    def passed(self) -> bool:
+        return not self.all.breaches(self.thresholds)
+
+    def cause(self) -> str:
+        if self.passed:
+            return ""
+        if not self.first.breaches(self.thresholds):
+            return ("the first generated token (prefill, no drafts) agrees but later tokens do "
+                    "not: the candidate's state after speculative rounds is wrong (KV-cache "
+                    "rewind/append, positions), so it scores the same prefix differently")
+        return ("the distributions differ already at the first generated token, which no "
+                "draft touches: the servers run different weights, precision or prompts")
+
+    def reason(self) -> str:
+        a = self.all
+        figures = (f"{a.positions} positions, mean KL {a.mean_kl:.2g}, max KL {a.max_kl:.2g}, "
+                   f"max |Δlogprob| {a.max_abs_logprob:.2g}, top-1 agreement "
+                   f"{100 * (1 - a.top1_disagreement):.2f}%")
+        return figures if self.passed else f"{'; '.join(a.breaches(self.thresholds))} ({figures})"
+
+
+def check(diffs: Sequence[PositionDiff], thresholds: Thresholds, n_worst: int = 10
+          ) -> LogprobResult:
+    worst = tuple(sorted(diffs, key=lambda d: (-d.kl, -d.abs_diff))[:n_worst])
+    return LogprobResult(Segment.of(diffs), Segment.of([d for d in diffs if d.index == 0]),
+                         Segment.of([d for d in diffs if d.index > 0]), worst, thresholds)

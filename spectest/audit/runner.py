@@ -1,0 +1,246 @@
+"""One audit run: start embedded servers if asked, collect, run the three checks.
+
+Owns: the order of work — preflight (both servers answer, serve the same model, report token-id
+logprobs), prompts → token ids, the temperature-0 phase (candidate and baseline generate, the
+baseline scores the candidate's output), the sampled phase (the candidate samples
+``samples_per_prompt`` continuations per prompt with distinct seeds, the baseline scores each)
+— and feeding the collected data to ``greedy``, ``logprobs`` and ``distribution``.  Results of
+finished phases are kept when the run is interrupted or a later phase fails.
+
+Does not know: report formats or exit codes (``gate``), statistics (the check modules).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from tqdm import tqdm
+
+from spectest.audit import distribution, greedy, logprobs
+from spectest.audit.client import Client, Endpoint
+from spectest.audit.prompts import load_records, tokenize
+from spectest.audit.samples import AuditError, Completion, PromptCase
+from spectest.audit.servers import ServerProcess, ServerSpec
+from spectest.audit.settings import EMBEDDED, AuditSettings
+
+SPEC_FIELDS = ("drafts", "draft_tokens", "accepted_tokens")
+
+
+@dataclass
+class AuditRun:
+    """Everything the report needs; filled phase by phase."""
+
+    settings: AuditSettings
+    endpoints: dict = field(default_factory=dict)
+    cases: list[PromptCase] = field(default_factory=list)
+    greedy: greedy.GreedyResult | None = None
+    logprobs: logprobs.LogprobResult | None = None
+    distribution: distribution.DistributionResult | None = None
+    error: str | None = None  # why the audit could not run (exit 2)
+    interrupted: bool = False
+    notes: list[str] = field(default_factory=list)
+    timings: dict = field(default_factory=dict)
+    speculation: dict = field(default_factory=dict)  # the candidate's spec totals by phase
+    diffs: list[logprobs.PositionDiff] = field(default_factory=list)
+
+
+def endpoints_for(settings: AuditSettings, urls: dict[str, str]) -> tuple[Endpoint, Endpoint]:
+    """The two endpoints; one server for both sides gets the ``speculative`` A/B switch."""
+    cand_extra, base_extra = dict(settings.candidate_extra), dict(settings.baseline_extra)
+    if urls["candidate"] == urls["baseline"] and not cand_extra and not base_extra:
+        cand_extra, base_extra = {"speculative": True}, {"speculative": False}
+    return (Endpoint("candidate", urls["candidate"], settings.candidate_model, cand_extra,
+                     settings.api_key),
+            Endpoint("baseline", urls["baseline"], settings.baseline_model, base_extra,
+                     settings.api_key))
+
+
+def run(settings: AuditSettings) -> AuditRun:
+    """Run the audit (synchronously). Never raises AuditError: it lands in ``run.error``."""
+    result = AuditRun(settings)
+    with contextlib.ExitStack() as stack:
+        try:
+            records = load_records(settings.prompts, settings.num_prompts, settings.seed)
+            urls = _start_embedded(settings, stack, result)
+            cand, base = endpoints_for(settings, urls)
+            result.endpoints = {e.role: {"url": e.url, "model": e.model, "extra": dict(e.extra)}
+                                for e in (cand, base)}
+            asyncio.run(_collect(settings, cand, base, records, result))
+        except AuditError as exc:
+            result.error = str(exc)
+        except KeyboardInterrupt:
+            result.interrupted = True
+            result.error = "interrupted; the checks that finished are kept"
+            if result.logprobs is None and result.diffs and "logprobs" in settings.checks:
+                result.logprobs = logprobs.check(result.diffs, settings.logprob_thresholds)
+                result.notes.append(f"interrupted: the logprob check covers the "
+                                    f"{len(result.diffs)} positions collected before")
+    return result
+
+
+def _start_embedded(settings: AuditSettings, stack: contextlib.ExitStack,
+                    result: AuditRun) -> dict[str, str]:
+    urls = {"candidate": settings.candidate, "baseline": settings.baseline}
+    wanted = [role for role, url in urls.items() if url == EMBEDDED]
+    if not wanted:
+        return urls
+    both = len(wanted) == 2
+    for role in wanted:
+        drafter = settings.embedded_drafter if role == "candidate" or both else "none"
+        spec = ServerSpec(settings.embedded_model, settings.embedded_draft, drafter,
+                          settings.embedded_k, settings.embedded_threads)
+        t0 = time.perf_counter()
+        urls[role] = stack.enter_context(ServerProcess(spec))
+        result.notes.append(f"embedded {role}: spectest serve --model {spec.model} "
+                            f"--drafter {drafter} at {urls[role]} (started in "
+                            f"{time.perf_counter() - t0:.1f} s)")
+        if both:
+            urls["baseline"] = urls["candidate"]
+            break
+    return urls
+
+
+def _bar(settings: AuditSettings, total: int, desc: str) -> tqdm:
+    return tqdm(total=total, desc=desc, unit="req", disable=not settings.progress,
+                leave=False, dynamic_ncols=True)
+
+
+def _ticked(bar: tqdm, coro) -> asyncio.Task:
+    """A task that ticks the progress bar when it ends (a task, so that cancelling it on
+    Ctrl-C/SIGTERM also closes its coroutine cleanly)."""
+    task = asyncio.ensure_future(coro)
+    task.add_done_callback(lambda t: t.cancelled() or bar.update(1))
+    return task
+
+
+async def _collect(s: AuditSettings, cand_ep: Endpoint, base_ep: Endpoint,
+                   records: list, result: AuditRun) -> None:
+    async with Client(cand_ep, s.concurrency, s.timeout) as cand, \
+            Client(base_ep, s.concurrency, s.timeout) as base:
+        t0 = time.perf_counter()
+        await asyncio.gather(cand.resolve_model(), base.resolve_model())
+        for role, c in (("candidate", cand), ("baseline", base)):
+            result.endpoints[role]["model"] = c.model
+        result.cases = cases = await tokenize(records, base, s.max_prompt_tokens)
+        await _same_model(cand, base, cases[:3], s)
+        result.timings["preflight_s"] = time.perf_counter() - t0
+
+        if "greedy" in s.checks or "logprobs" in s.checks:
+            t0 = time.perf_counter()
+            bar = _bar(s, len(cases) * 3, "greedy")
+            runs = await asyncio.gather(*(_greedy_one(cand, base, c, s, bar) for c in cases))
+            bar.close()
+            c_out, b_out, scored = (list(x) for x in zip(*runs))
+            result.speculation["greedy"] = _spec_totals(c_out)
+            if "greedy" in s.checks:
+                result.greedy = greedy.check(cases, c_out, b_out, scored, s.tie_tolerance,
+                                             s.max_abs_logprob, s.max_greedy_divergences)
+            result.diffs += _diffs(cases, [(i, c, sc) for i, (c, sc) in
+                                           enumerate(zip(c_out, scored))], s.tie_tolerance)
+            result.timings["greedy_s"] = time.perf_counter() - t0
+            if "distribution" not in s.checks and "logprobs" in s.checks:
+                result.logprobs = logprobs.check(result.diffs, s.logprob_thresholds)
+
+        if "distribution" in s.checks:
+            t0 = time.perf_counter()
+            triples = await sampled_phase(cand, base, cases, s)
+            result.speculation["sampled"] = _spec_totals([c for _, c, _ in triples])
+            if "logprobs" in s.checks:
+                result.diffs += _diffs(cases, triples, s.tie_tolerance)
+                result.logprobs = logprobs.check(result.diffs, s.logprob_thresholds)
+            items = [distribution.Sampled(i, j, tok, sc[len(cases[i].ids) + j], c.positions[j])
+                     for i, c, sc in triples for j, tok in enumerate(c.tokens)]
+            result.distribution = distribution.check(items, s.sampling, s.alpha, len(cases),
+                                                     s.seed, s.support_tolerance)
+            result.timings["sampled_s"] = time.perf_counter() - t0
+
+
+async def sampled_phase(cand: Client, base: Client, cases: list[PromptCase],
+                        s: AuditSettings) -> list[tuple[int, Completion, tuple]]:
+    """``samples_per_prompt`` seeded samples per prompt from the candidate, each scored by the
+    baseline: [(prompt index, candidate completion, baseline scoring of prompt + output)]."""
+    seeds = np.random.default_rng(s.seed).integers(0, 2**31 - 1,
+                                                   (len(cases), s.samples_per_prompt))
+    jobs = [(i, int(seeds[i, k])) for i in range(len(cases)) for k in range(s.samples_per_prompt)]
+    bar = _bar(s, len(jobs) * 2, "sampling")
+    runs = await asyncio.gather(*(_sampled_one(cand, base, cases[i], seed, s, bar)
+                                  for i, seed in jobs))
+    bar.close()
+    return [(i, c, sc) for (i, _), (c, sc) in zip(jobs, runs)]
+
+
+async def _greedy_one(cand: Client, base: Client, case: PromptCase, s: AuditSettings, bar):
+    kw = {"max_tokens": s.greedy_tokens, "temperature": 0.0, "logprobs": s.logprobs,
+          "ignore_eos": s.ignore_eos}
+    c, b = await asyncio.gather(_ticked(bar, cand.complete(list(case.ids), **kw)),
+                                _ticked(bar, base.complete(list(case.ids), **kw)))
+    scored = await _ticked(bar, base.score(list(case.ids) + list(c.tokens), s.logprobs))
+    return c, b, scored
+
+
+async def _sampled_one(cand: Client, base: Client, case: PromptCase, seed: int,
+                       s: AuditSettings, bar):
+    c = await _ticked(bar, cand.complete(
+        list(case.ids), max_tokens=s.sample_tokens, temperature=s.temperature, top_p=s.top_p,
+        top_k=s.top_k, seed=seed, logprobs=s.logprobs, ignore_eos=s.ignore_eos))
+    scored = await _ticked(bar, base.score(list(case.ids) + list(c.tokens), s.logprobs))
+    return c, scored
+
+
+def _diffs(cases: list[PromptCase], triples, tie_tolerance: float
+           ) -> list[logprobs.PositionDiff]:
+    out = []
+    for i, comp, scored in triples:
+        n = len(cases[i].ids)
+        for j, pos in enumerate(comp.positions):
+            out.append(logprobs.compare(cases[i].id, j, pos, scored[n + j], tie_tolerance))
+    return out
+
+
+def _spec_totals(completions: list[Completion]) -> dict:
+    specs = [c.spec for c in completions if c.spec]
+    if not specs:
+        return {"reported": False}
+    totals = {k: sum(int(sp.get(k) or 0) for sp in specs) for k in SPEC_FIELDS}
+    totals["reported"] = True
+    totals["acceptance_rate"] = (totals["accepted_tokens"] / totals["draft_tokens"]
+                                 if totals["draft_tokens"] else None)
+    return totals
+
+
+async def _same_model(cand: Client, base: Client, probes: list[PromptCase],
+                      s: AuditSettings) -> None:
+    """Refuse to audit two different models: compare next-token logprobs on a few prompts.
+
+    The first generated token comes from the prefill, which speculation does not touch, so a
+    correct candidate matches the baseline there up to float noise.  This also checks that the
+    candidate reports token-id logprobs at all.
+    """
+    kw = {"max_tokens": 1, "temperature": 0.0, "logprobs": s.logprobs,
+          "ignore_eos": s.ignore_eos}
+    pairs = await asyncio.gather(*(asyncio.gather(cand.complete(list(p.ids), **kw),
+                                                  base.complete(list(p.ids), **kw))
+                                   for p in probes))
+    gaps, shared, total = [], 0, 0
+    for c, b in pairs:
+        if not c.positions or not b.positions:
+            raise AuditError("a server returned no token for a 1-token probe request")
+        cp, bp = c.positions[0], b.positions[0]
+        for tok, lp in bp.top:
+            total += 1
+            other = cp.logprob_of(tok)
+            if other is not None:
+                shared += 1
+                gaps.append(abs(other - lp))
+    mean_gap = float(np.mean(gaps)) if gaps else float("inf")
+    if shared < total / 2 or mean_gap > s.mismatch_tolerance:
+        raise AuditError(
+            f"candidate ({cand.model!r}) and baseline ({base.model!r}) do not serve the same "
+            f"model: on probe prompts their next-token logprobs differ by {mean_gap:.3g} nats "
+            f"on average and share {shared}/{total} top tokens (tolerance "
+            f"{s.mismatch_tolerance:g}; see --mismatch-tolerance)")
+

@@ -1,0 +1,118 @@
+"""What the auditor collects: prompts, completions and per-token logprob records.
+
+Owns: the plain frozen records every check reads — :class:`Position` (one token with its
+logprob and the top-n alternatives, as a server reported them), :class:`Completion` (one
+generated continuation) and :class:`PromptCase` (one prompt as token ids) — plus the parsing of
+OpenAI ``/v1/completions`` ``logprobs`` objects into them.
+
+Does not know: HTTP, statistics or verdicts. Tokens are compared by id: the auditor always asks
+for ``return_tokens_as_token_ids`` (vLLM's extension), so a logprob entry reads ``token_id:N``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+class AuditError(Exception):
+    """The audit could not run (exit 2): unreachable server, bad input, missing features."""
+
+
+@dataclass(frozen=True)
+class Position:
+    """One token as a server saw it at a given prefix.
+
+    ``logprob`` is the token's log-probability and ``top`` the top-n ``(token, logprob)`` pairs,
+    sorted by logprob descending (ties by token id). Both are the model's raw distribution
+    (log_softmax of the logits before temperature/top-k/top-p), vLLM's default.
+    """
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+    def logprob_of(self, token: int) -> float | None:
+        if token == self.token:
+            return self.logprob
+        for t, lp in self.top:
+            if t == token:
+                return lp
+        return None
+
+    @property
+    def argmax(self) -> int | None:
+        return self.top[0][0] if self.top else None
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A generated continuation: its tokens, the server's per-token logprobs, its spec stats."""
+
+    tokens: tuple[int, ...]
+    positions: tuple[Position, ...]
+    finish_reason: str | None = None
+    spec: Mapping | None = None  # spectest's per-response speculation stats, if any
+
+    @property
+    def drafts(self) -> int | None:
+        return None if not self.spec else self.spec.get("drafts")
+
+
+@dataclass(frozen=True)
+class PromptCase:
+    """One audited prompt: where it came from and the exact token ids sent to both servers."""
+
+    id: str
+    category: str
+    ids: tuple[int, ...]
+
+
+def parse_token(text: str, where: str) -> int:
+    """``"token_id:42"`` → 42; anything else means the server ignored return_tokens_as_token_ids."""
+    if isinstance(text, str) and text.startswith("token_id:"):
+        try:
+            return int(text[len("token_id:"):])
+        except ValueError:
+            pass
+    raise AuditError(f"{where} returned logprob token {str(text)[:20]!r} instead of "
+                     f"'token_id:N': it must support return_tokens_as_token_ids (vLLM, SGLang "
+                     f"and spectest serve do)")
+
+
+def _finite(x, where: str) -> float:
+    if not isinstance(x, (int, float)) or math.isnan(x):
+        raise AuditError(f"{where} returned a logprob that is not a number: {x!r}")
+    return float(x)
+
+
+def parse_logprobs(obj: Mapping | None, where: str, want_top: int,
+                   skip_first_none: bool = False) -> tuple[Position | None, ...]:
+    """An OpenAI completions ``logprobs`` object → one :class:`Position` per token.
+
+    ``skip_first_none``: echo scoring reports ``None`` for the first prompt token (it has no
+    prefix); that entry becomes ``None`` instead of an error.
+    """
+    if not obj or "tokens" not in obj or "token_logprobs" not in obj:
+        raise AuditError(f"{where} returned no logprobs; the auditor needs a server that "
+                         f"supports `logprobs` (top {want_top}) on /v1/completions")
+    tokens, lps = obj["tokens"], obj["token_logprobs"]
+    tops = obj.get("top_logprobs") or [None] * len(tokens)
+    if not (len(tokens) == len(lps) == len(tops)):
+        raise AuditError(f"{where} returned logprob lists of different lengths")
+    out: list[Position | None] = []
+    for i, (tok, lp, top) in enumerate(zip(tokens, lps, tops)):
+        token = parse_token(tok, where)
+        if lp is None and i == 0 and skip_first_none:
+            out.append(None)
+            continue
+        if lp is None:
+            raise AuditError(f"{where} returned no logprob for token {i}")
+        pairs = sorted(((parse_token(t, where), _finite(v, where))
+                        for t, v in (top or {}).items()), key=lambda p: (-p[1], p[0]))
+        if want_top and len(pairs) < want_top:
+            raise AuditError(f"{where} returned {len(pairs)} top logprobs where {want_top} were "
+                             f"asked; it must support `logprobs: {want_top}`")
+        out.append(Position(token, _finite(lp, where), tuple(pairs)))
+    return tuple(out)

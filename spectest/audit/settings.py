@@ -1,0 +1,160 @@
+"""The audit's settings: defaults, an optional config file, and command-line overrides.
+
+Owns: :class:`AuditSettings` (every knob and threshold, with its default), reading a config file
+(TOML or JSON, keys spelled like the long flags, dashes or underscores, unknown keys refused)
+and the precedence rule: command line > config file > defaults.
+
+Does not know: HTTP, statistics or argparse (``cli`` turns flags into a dict of overrides).
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from pydantic import ConfigDict, TypeAdapter, ValidationError
+
+from spectest.audit.distribution import SamplingSpec
+from spectest.audit.logprobs import Thresholds
+from spectest.audit.samples import AuditError
+
+CHECKS = ("greedy", "logprobs", "distribution")
+EMBEDDED = "embedded"
+
+
+@dataclass(frozen=True)
+class AuditSettings:
+    __pydantic_config__ = ConfigDict(extra="forbid")
+
+    candidate: str = EMBEDDED
+    baseline: str = EMBEDDED
+    candidate_model: str | None = None
+    baseline_model: str | None = None
+    candidate_extra: dict = field(default_factory=dict)
+    baseline_extra: dict = field(default_factory=dict)
+    api_key: str | None = None
+    # prompts
+    prompts: str = "mixed"
+    num_prompts: int = 32
+    max_prompt_tokens: int = 192
+    # sizes
+    greedy_tokens: int = 48
+    samples_per_prompt: int = 8
+    sample_tokens: int = 32
+    logprobs: int = 20
+    ignore_eos: bool = True
+    # sampling for the distribution test
+    temperature: float = 0.8
+    top_p: float = 0.95
+    top_k: int = 20
+    # thresholds
+    alpha: float = 0.01
+    tie_tolerance: float = 0.01
+    support_tolerance: float = 1e-4
+    max_greedy_divergences: int = 0
+    max_kl: float = 0.01
+    mean_kl: float = 0.001
+    max_abs_logprob: float = 0.1
+    max_top1_disagreement: float = 0.01
+    mismatch_tolerance: float = 0.2
+    checks: tuple[str, ...] = CHECKS
+    # running
+    seed: int = 0
+    concurrency: int = 8
+    timeout: float = 120.0
+    out: str = "audit-report"
+    progress: bool = True
+    # the bundled server, when --candidate/--baseline is "embedded"
+    embedded_model: str = "embedded"
+    embedded_draft: str = "embedded-draft"
+    embedded_drafter: str = "draft-model"
+    embedded_k: int = 4
+    embedded_threads: int | None = 1
+
+    def __post_init__(self):
+        problems = []
+        for name in ("num_prompts", "greedy_tokens", "samples_per_prompt", "sample_tokens",
+                     "concurrency", "max_prompt_tokens", "embedded_k"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name.replace('_', '-')} must be >= 1")
+        if not 1 <= self.logprobs <= 20:
+            problems.append("logprobs must be in 1..20 (the OpenAI limit)")
+        if not 0 < self.alpha < 1:
+            problems.append("alpha must be in (0, 1)")
+        for name in ("tie_tolerance", "support_tolerance", "max_kl", "mean_kl",
+                     "max_abs_logprob", "max_top1_disagreement", "mismatch_tolerance",
+                     "max_greedy_divergences"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name.replace('_', '-')} must be >= 0")
+        if self.timeout <= 0:
+            problems.append("timeout must be > 0")
+        unknown = set(self.checks) - set(CHECKS)
+        if unknown or not self.checks:
+            problems.append(f"checks must be a non-empty subset of {', '.join(CHECKS)}")
+        if problems:
+            raise AuditError("bad settings: " + "; ".join(problems))
+        if "distribution" in self.checks:
+            self.sampling.check(self.logprobs)
+
+    @property
+    def sampling(self) -> SamplingSpec:
+        return SamplingSpec(self.temperature, self.top_p, self.top_k)
+
+    @property
+    def logprob_thresholds(self) -> Thresholds:
+        return Thresholds(self.max_kl, self.mean_kl, self.max_abs_logprob,
+                          self.max_top1_disagreement)
+
+    @property
+    def same_server(self) -> bool:
+        return self.candidate.rstrip("/") == self.baseline.rstrip("/")
+
+    def public(self) -> dict:
+        """The settings as they go into the report (no API key)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["api_key"] = "***" if self.api_key else None
+        out["checks"] = list(self.checks)
+        return out
+
+
+_ADAPTER = TypeAdapter(AuditSettings)
+NAMES = tuple(f.name for f in fields(AuditSettings))
+
+
+def read_config(path: str | Path) -> dict:
+    """A TOML (``.toml``) or JSON file → a dict of settings with underscore keys."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise AuditError(f"config file {path}: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise AuditError(f"config file {path}: not valid "
+                         f"{'JSON' if path.suffix == '.json' else 'TOML'} ({exc})") from None
+    if not isinstance(data, dict):
+        raise AuditError(f"config file {path}: expected a table of settings")
+    if isinstance(data.get("audit"), dict) and len(data) == 1:
+        data = data["audit"]  # a [audit] table is accepted too
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def resolve(config: Mapping | None, overrides: Mapping) -> AuditSettings:
+    """Defaults ← config file ← command line; one readable AuditError on a bad value."""
+    merged = dict(config or {})
+    merged.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        settings = _ADAPTER.validate_python(merged)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(x) for x in err["loc"]) or "settings"
+        if err["type"] == "unexpected_keyword_argument" or err["type"] == "extra_forbidden":
+            known = ", ".join(n.replace("_", "-") for n in NAMES)
+            raise AuditError(f"unknown setting {where.replace('_', '-')!r} (known: {known})") \
+                from None
+        raise AuditError(f"setting {where.replace('_', '-')}: {err['msg']}") from None
+    return settings

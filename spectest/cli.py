@@ -1,0 +1,112 @@
+"""The ``spectest`` command line: one sub-command per job, each implemented in its package.
+
+Owns: argument parsing and the error contract — a known failure prints one readable line to
+stderr and exits non-zero, never a traceback (set SPECTEST_DEBUG=1 to see one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+
+def _train(args) -> int:
+    from spectest.training.train import TrainConfig, train_pair
+    cfg = TrainConfig.quick(args.seed) if args.quick else TrainConfig(seed=args.seed)
+    train_pair(args.out, cfg, threads=args.threads)
+    return 0
+
+
+def _generate(args) -> int:
+    from spectest.engine.api import Engine
+    engine = Engine.from_pretrained(args.model, args.draft, drafter=args.drafter, k=args.k)
+    for prompt in args.prompt or ["def fibonacci(n):"]:
+        g = engine.generate(prompt, chat=args.chat, max_tokens=args.max_tokens,
+                            temperature=args.temperature, seed=args.seed,
+                            speculative=args.drafter != "none")
+        s = g.stats
+        print(f"--- prompt: {prompt!r}\n{g.text}\n--- {s.completion_tokens} tokens, "
+              f"{s.drafts} drafts, {s.accepted_tokens}/{s.draft_tokens} drafts accepted, "
+              f"mean accepted length {s.mean_accepted_length or 1:.2f}, "
+              f"{s.completion_tokens / max(s.e2e, 1e-9):.1f} tokens/s")
+    return 0
+
+
+def _dashboards(args) -> int:
+    from dashboards import build
+    argv = (["--out-dir", str(args.out_dir)] if args.out_dir else []) + \
+        (["--check"] if args.check else [])
+    return build.main(argv)
+
+
+def _profile(args) -> int:
+    from spectest.engine.profiling import run_profile
+    run_profile(args)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="spectest", description="Measure, load-test and audit speculative decoding.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    from spectest.server import serve
+    p = sub.add_parser("serve", help="OpenAI-compatible server on the bundled engine")
+    serve.add_arguments(p)
+    p.set_defaults(func=serve.main)
+
+    p = sub.add_parser("train-demo-models", help="train the embedded target/draft pair")
+    p.add_argument("--out", type=Path, default=Path(__file__).parent / "models")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--quick", action="store_true", help="a tiny recipe (tests)")
+    p.set_defaults(func=_train)
+
+    p = sub.add_parser("generate", help="generate with the bundled engine (a demo)")
+    p.add_argument("prompt", nargs="*")
+    p.add_argument("--model", default="embedded")
+    p.add_argument("--draft", default="embedded-draft")
+    p.add_argument("--drafter", default="draft-model", choices=["draft-model", "ngram", "none"])
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--chat", action="store_true")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.set_defaults(func=_generate)
+
+    p = sub.add_parser("dashboards", help="write (or --check) the Grafana dashboards JSON")
+    p.add_argument("--out-dir", type=Path, default=None)
+    p.add_argument("--check", action="store_true", help="exit 1 if committed JSON is stale")
+    p.set_defaults(func=_dashboards)
+
+    p = sub.add_parser("profile", help="measure round latency by (batch, K) and acceptance")
+    from spectest.engine import profiling
+    profiling.add_arguments(p)
+    p.set_defaults(func=_profile)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except KeyboardInterrupt:
+        print("spectest: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # the one-line contract for known and unknown failures alike
+        if os.environ.get("SPECTEST_DEBUG"):
+            raise
+        name = type(exc).__name__
+        print(f"spectest {args.command}: {exc}" if name in _PLAIN else
+              f"spectest {args.command}: {name}: {exc}", file=sys.stderr)
+        return 2
+
+
+_PLAIN = {"CheckpointError", "ValueError", "FileNotFoundError", "CorpusError",
+          "ChatTemplateError", "CapacityError"}
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""The Python entry point: load a target (and optionally a draft) and generate.
+
+Owns: :class:`Engine` — builds a :class:`SpecEngine` from checkpoint paths (or the embedded
+pair), and offers synchronous ``generate`` / ``generate_many`` that tokenize, prefill and decode
+greedily or with temperature/top-k/top-p, seedably, returning tokens, text, per-token logprobs
+and speculation stats. :func:`build_engine` is what the server and benchmarks use.
+
+Does not know: HTTP or telemetry. Synchronous calls step the engine on the caller's thread;
+the server instead starts the engine's own thread and submits with callbacks.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from spectest.engine.drafters import DraftModelDrafter, Drafter, NGramDrafter, NoDrafter
+from spectest.engine.engine import EngineConfig, SpecEngine
+from spectest.engine.loader import CheckpointError, LoadedModel, load_checkpoint
+from spectest.engine.policies import KPolicy, make_policy
+from spectest.engine.requests import GenerationRequest, RequestOutput, RequestStats
+from spectest.engine.sampling import SamplingParams
+from spectest.engine.scheduler import SchedulerConfig
+
+MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
+DRAFTERS = ("draft-model", "ngram", "none")
+
+
+def resolve_model_path(name: str | Path) -> Path:
+    """``embedded`` / ``embedded-target`` / ``embedded-draft`` or a path."""
+    if str(name) in ("embedded", "embedded-target"):
+        return MODELS_DIR / "target"
+    if str(name) == "embedded-draft":
+        return MODELS_DIR / "draft"
+    return Path(name)
+
+
+def make_drafter(kind: str, draft: LoadedModel | None, n_slots: int, max_len: int,
+                 ngram_max: int = 4, ngram_min: int = 1) -> Drafter:
+    if kind == "draft-model":
+        if draft is None:
+            raise ValueError("the draft-model drafter needs a draft checkpoint")
+        return DraftModelDrafter(draft.model, n_slots, max_len)
+    if kind == "ngram":
+        return NGramDrafter(ngram_max, ngram_min)
+    if kind == "none":
+        return NoDrafter()
+    raise ValueError(f"unknown drafter {kind!r} (choose from {', '.join(DRAFTERS)})")
+
+
+def build_engine(target: str | Path = "embedded", draft: str | Path | None = "embedded-draft",
+                 drafter: str = "draft-model", policy: KPolicy | None = None,
+                 max_num_seqs: int = 8, max_model_len: int = 1024, max_waiting: int = 256,
+                 faults: frozenset[str] = frozenset(), ngram_max: int = 4,
+                 ngram_min: int = 1) -> SpecEngine:
+    target_model = load_checkpoint(resolve_model_path(target))
+    draft_model = None
+    if drafter == "draft-model":
+        draft_model = load_checkpoint(resolve_model_path(draft or "embedded-draft"))
+        t_vocab = target_model.model.config.vocab_size
+        if draft_model.model.config.vocab_size != t_vocab or \
+                draft_model.tokenizer.backend.get_vocab() != \
+                target_model.tokenizer.backend.get_vocab():
+            raise CheckpointError(f"draft {draft_model.name} does not share the target's "
+                                  f"tokenizer ({target_model.name})")
+    cfg = EngineConfig(SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                                       max_waiting=max_waiting,
+                                       spec_slots=(policy.k_max if policy else 8) + 1),
+                       faults=faults)
+    return SpecEngine(target_model.model, target_model.tokenizer,
+                      make_drafter(drafter, draft_model, max_num_seqs, max_model_len,
+                                   ngram_max, ngram_min),
+                      policy or make_policy("fixed", k=4), cfg, model_name=target_model.name)
+
+
+@dataclass(frozen=True)
+class Generation:
+    token_ids: tuple[int, ...]
+    text: str
+    logprobs: tuple[float, ...] | None
+    finish_reason: str | None
+    stats: RequestStats | None
+    outputs: tuple[RequestOutput, ...]  # the streamed deltas, in order
+
+
+class Engine:
+    """``Engine.from_pretrained(...).generate("def fib(n):", max_tokens=32)``."""
+
+    def __init__(self, engine: SpecEngine):
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+
+    @classmethod
+    def from_pretrained(cls, target: str | Path = "embedded",
+                        draft: str | Path | None = "embedded-draft", drafter: str = "draft-model",
+                        k: int = 4, policy: str = "fixed", **kwargs) -> "Engine":
+        return cls(build_engine(target, draft, drafter, make_policy(policy, k=k), **kwargs))
+
+    def request(self, prompt: str | list[int], *, chat: bool = False, speculative: bool = True,
+                logprobs: int | None = None, **params) -> GenerationRequest:
+        if chat:
+            text = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True)
+            ids = self.tokenizer.encode(text)
+        else:
+            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        return GenerationRequest(uuid.uuid4().hex, tuple(ids), SamplingParams(**params),
+                                 speculative=speculative, logprobs=logprobs)
+
+    def generate_many(self, requests: list[GenerationRequest]) -> list[Generation]:
+        """Run requests as one continuous batch on this thread; results in input order."""
+        outputs: dict[str, list[RequestOutput]] = {r.request_id: [] for r in requests}
+        for r in requests:
+            self.engine.submit(r, lambda out: outputs[out.request_id].append(out))
+        self.engine.run_until_idle()
+        results = []
+        for r in requests:
+            outs = outputs[r.request_id]
+            last = outs[-1] if outs else None
+            if last is not None and last.error:
+                raise RuntimeError(last.error)
+            lps = None
+            if r.logprobs is not None:
+                lps = tuple(lp.logprob for o in outs for lp in (o.logprobs or ()))
+            results.append(Generation(
+                tuple(t for o in outs for t in o.token_ids), "".join(o.text for o in outs), lps,
+                last.finish_reason if last else None, last.stats if last else None,
+                tuple(outs)))
+        return results
+
+    def generate(self, prompt: str | list[int], **kwargs) -> Generation:
+        return self.generate_many([self.request(prompt, **kwargs)])[0]

@@ -1,0 +1,193 @@
+"""Drafters: who proposes the K tokens the target verifies.
+
+Owns: the :class:`Drafter` interface and its three implementations — :class:`DraftModelDrafter`
+(a small model with its own KV cache, sampling K tokens autoregressively with the request's
+sampling parameters and returning their probabilities), :class:`NGramDrafter` (prompt lookup:
+match the last n tokens against the sequence so far, propose what followed; deterministic,
+one-hot probabilities) and :class:`NoDrafter` (the target-only baseline, K = 0).
+
+Does not know: the target, acceptance or scheduling. The engine tells a drafter how many of
+the tokens it fed are still valid after verification (:meth:`Drafter.rewind`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+
+from spectest.engine.model import Transformer
+from spectest.engine.sampling import probs_from_logits, sample_from
+
+
+@dataclass
+class DraftRow:
+    """One sequence asking for drafts this round."""
+
+    slot: int
+    tokens: list[int]  # prompt + output so far (the last one is not yet in any KV cache)
+    k: int  # at most this many drafts
+    greedy: bool
+    temperature: float
+    top_k: int
+    top_p: float
+    uniforms: torch.Tensor | None = None  # [k] for sampled rows
+
+
+@dataclass(frozen=True)
+class Proposal:
+    tokens: torch.Tensor  # [B, K] long, padded with 0 past lens
+    lens: torch.Tensor  # [B] long
+    probs: torch.Tensor | None  # [B, K, V] draft distributions; None = one-hot on tokens
+
+    @staticmethod
+    def empty(batch: int) -> "Proposal":
+        return Proposal(torch.zeros(batch, 0, dtype=torch.long),
+                        torch.zeros(batch, dtype=torch.long), None)
+
+
+# Confidence early exit: given the draft's max probability per row at this step [B], return
+# True to stop drafting (the token at this step is then not proposed).
+StopRule = Callable[[torch.Tensor], bool]
+
+
+class Drafter(Protocol):
+    name: str
+
+    def admit(self, slot: int, prompt: list[int]) -> None: ...
+
+    def release(self, slot: int) -> None: ...
+
+    def propose(self, rows: list[DraftRow], stop: StopRule | None = None) -> Proposal: ...
+
+    def rewind(self, slot: int, n_valid: int) -> None: ...
+
+
+class NoDrafter:
+    name = "none"
+
+    def admit(self, slot, prompt):
+        pass
+
+    def release(self, slot):
+        pass
+
+    def propose(self, rows, stop=None):
+        return Proposal.empty(len(rows))
+
+    def rewind(self, slot, n_valid):
+        pass
+
+
+class NGramDrafter:
+    """Prompt lookup decoding: the most recent earlier occurrence of the longest suffix match."""
+
+    name = "ngram"
+
+    def __init__(self, max_n: int = 4, min_n: int = 1):
+        if not 1 <= min_n <= max_n:
+            raise ValueError("need 1 <= min_n <= max_n")
+        self.max_n, self.min_n = max_n, min_n
+
+    def admit(self, slot, prompt):
+        pass
+
+    def release(self, slot):
+        pass
+
+    def rewind(self, slot, n_valid):
+        pass
+
+    def lookup(self, tokens: list[int], k: int) -> list[int]:
+        seq = torch.tensor(tokens, dtype=torch.long)
+        L = len(tokens)
+        for n in range(min(self.max_n, L - 1), self.min_n - 1, -1):
+            windows = seq[:L - 1].unfold(0, n, 1)  # [L-n, n] windows that have a successor
+            hits = (windows == seq[L - n:]).all(dim=1).nonzero().flatten()
+            if len(hits):
+                start = int(hits[-1]) + n
+                return tokens[start:start + k]
+        return []
+
+    def propose(self, rows, stop=None):
+        found = [self.lookup(r.tokens, r.k) if r.k > 0 else [] for r in rows]
+        K = max((len(f) for f in found), default=0)
+        tokens = torch.zeros(len(rows), K, dtype=torch.long)
+        for i, f in enumerate(found):
+            tokens[i, :len(f)] = torch.tensor(f, dtype=torch.long)
+        return Proposal(tokens, torch.tensor([len(f) for f in found], dtype=torch.long), None)
+
+
+class DraftModelDrafter:
+    """A small model sharing the target's tokenizer, with its own per-slot KV cache."""
+
+    name = "draft-model"
+
+    def __init__(self, model: Transformer, n_slots: int, max_len: int):
+        self.model = model
+        self.cache = model.new_cache(n_slots, max_len)
+
+    def admit(self, slot: int, prompt: list[int]) -> None:
+        self.cache.reset(slot)
+        if len(prompt) > 1:  # everything but the last token, like the target
+            with torch.inference_mode():
+                self.model(torch.tensor([prompt[:-1]]), self.cache, torch.tensor([slot]),
+                           last_only=True)
+
+    def release(self, slot: int) -> None:
+        self.cache.reset(slot)
+
+    def rewind(self, slot: int, n_valid: int) -> None:
+        self.cache.lengths[slot] = min(int(self.cache.lengths[slot]), n_valid)
+
+    @torch.inference_mode()
+    def propose(self, rows: list[DraftRow], stop: StopRule | None = None) -> Proposal:
+        B = len(rows)
+        K = max((r.k for r in rows), default=0)
+        if K == 0:
+            return Proposal.empty(B)
+        slots = torch.tensor([r.slot for r in rows])
+        temperature = torch.tensor([1.0 if r.greedy else r.temperature for r in rows])
+        top_k = torch.tensor([r.top_k for r in rows])
+        top_p = torch.tensor([r.top_p for r in rows])
+        greedy = torch.tensor([r.greedy for r in rows])
+        any_sampled = not bool(greedy.all())
+        tokens = torch.zeros(B, K, dtype=torch.long)
+        probs = torch.zeros(B, K, self.model.config.vocab_size) if any_sampled else None
+        lens = torch.zeros(B, dtype=torch.long)
+
+        # Step 0 feeds every committed token this cache has not seen (usually 1, or 2 after a
+        # fully accepted round), right-padded; logits are read at each row's last real token.
+        pending = [r.tokens[int(self.cache.lengths[r.slot]):] for r in rows]
+        width = max(len(p) for p in pending)
+        feed = torch.zeros(B, width, dtype=torch.long)
+        for i, p in enumerate(pending):
+            feed[i, :len(p)] = torch.tensor(p)
+        start = self.cache.lengths[slots].clone()
+        n_pending = torch.tensor([len(p) for p in pending])
+        logits = self.model(feed, self.cache, slots)  # [B, width, V]
+        self.cache.lengths[slots] = start + n_pending
+        logits = logits[torch.arange(B), n_pending - 1]  # [B, V]
+
+        active = torch.arange(B)  # rows still drafting
+        for step in range(K):
+            step_probs = probs_from_logits(logits[:, None], temperature[active], top_k[active],
+                                           top_p[active])[:, 0]  # [b, V]
+            if stop is not None and stop(step_probs.max(dim=-1).values):
+                break
+            pick = logits.argmax(dim=-1)  # [b]
+            sampled = ~greedy[active]
+            if bool(sampled.any()):
+                u = torch.stack([rows[int(i)].uniforms[step] for i in active[sampled]])
+                pick[sampled] = sample_from(step_probs[sampled], u)
+            tokens[active, step] = pick
+            if probs is not None:
+                probs[active, step] = step_probs
+            lens[active] += 1
+            still = torch.tensor([rows[int(i)].k > step + 1 for i in active], dtype=torch.bool)
+            if step == K - 1 or not bool(still.any()):
+                break
+            active, pick = active[still], pick[still]
+            logits = self.model(pick[:, None], self.cache, slots[active])[:, -1]  # [b, V]
+        return Proposal(tokens, lens, probs)

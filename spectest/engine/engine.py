@@ -1,0 +1,373 @@
+"""The speculative engine: prefill, then draft → verify → accept → rewind rounds over a batch.
+
+Owns: :class:`SpecEngine`, which holds the target model and its KV cache, a drafter, a K policy
+and a scheduler, and runs one *round* at a time: every running sequence gets up to K drafts,
+the target scores ``[last token, drafts…]`` for all rows in one forward, each row accepts its
+own prefix (greedy matching or rejection sampling), both caches rewind to the accepted length,
+and a :class:`RoundRecord` goes to every observer. K = 0 rows (speculation off for a request,
+or the baseline drafter) go through the same forward, so comparisons are fair.
+
+Cache invariant: at a round boundary the target cache of a slot holds every committed token but
+the last; the last token is the first input of the next verify.
+
+Does not know: HTTP, Prometheus, OpenTelemetry (observers subscribe to round records and the
+server reads per-request stats from the final output).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from spectest.engine.drafters import Drafter, DraftRow
+from spectest.engine.policies import FixedK, KPolicy
+from spectest.engine.requests import (GenerationRequest, RequestOutput, RequestStats,
+                                      RoundRecord, RowRecord, TokenLogprob)
+from spectest.engine.sampling import probs_from_logits, sample_from
+from spectest.engine.scheduler import OutputCallback, Scheduler, SchedulerConfig, Sequence
+from spectest.engine.tokenizer import StreamDecoder, Tokenizer
+from spectest.engine.verify import verify_greedy, verify_sampled
+
+log = logging.getLogger("spectest.engine")
+
+# Deliberate correctness bugs, for the auditor's own tests. Never on by default.
+FAULTS = {
+    "greedy-verify-sampled": "sampled requests verified by greedy matching",
+    "draft-only-temperature": "temperature applied to the draft only (target at T=1)",
+    "draft-only-top-p": "top-p applied to the draft only",
+    "lossy-threshold": "accept a draft whenever its target probability exceeds a threshold",
+    "kv-rewind-off-by-one": "target KV cache rewound one position too few",
+}
+
+RoundObserver = Callable[[RoundRecord], None]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    faults: frozenset[str] = frozenset()
+    lossy_threshold: float = 0.1
+
+    def __post_init__(self):
+        unknown = set(self.faults) - set(FAULTS)
+        if unknown:
+            raise ValueError(f"unknown fault(s) {sorted(unknown)}; known: {sorted(FAULTS)}")
+
+
+class SpecEngine:
+    def __init__(self, target, tokenizer: Tokenizer, drafter: Drafter,
+                 policy: KPolicy | None = None, config: EngineConfig = EngineConfig(),
+                 model_name: str = "target", observers: tuple[RoundObserver, ...] = ()):
+        self.target = target
+        self.tokenizer = tokenizer
+        self.drafter = drafter
+        self.policy = policy or FixedK(4)
+        self.config = config
+        self.model_name = model_name
+        self.observers: list[RoundObserver] = list(observers)
+        sc = config.scheduler
+        self.scheduler = Scheduler(sc)
+        self.cache = target.new_cache(sc.max_num_seqs, sc.max_model_len)
+        self.eos_ids = frozenset(tokenizer.eos_token_ids)
+        self.rounds = 0
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        if config.faults:
+            log.warning("!!! FAULT INJECTION ENABLED: %s — outputs are deliberately WRONG; "
+                        "never serve real traffic with this engine !!!",
+                        ", ".join(f"{f} ({FAULTS[f]})" for f in sorted(config.faults)))
+
+    # --- public API ------------------------------------------------------------------------
+    def submit(self, request: GenerationRequest, on_output: OutputCallback) -> None:
+        """Queue a request; raises CapacityError / QueueFullError. Thread-safe."""
+        seq = self.scheduler.submit(request, on_output)
+        seq.decoder = StreamDecoder(self.tokenizer)
+
+    def cancel(self, request_id: str) -> None:
+        """Free the request's slot at the next round boundary. Thread-safe."""
+        self.scheduler.cancel(request_id)
+
+    def add_observer(self, observer: RoundObserver) -> None:
+        self.observers.append(observer)
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="spectest-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        with self.scheduler.lock:
+            self.scheduler.wakeup.notify_all()
+        if self._thread:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def kv_usage(self) -> float:
+        return self.cache.used_positions() / (self.cache.n_slots * self.cache.max_len)
+
+    def run_until_idle(self) -> None:
+        """Step on the caller's thread until nothing is queued or running (no thread mode)."""
+        while self.step():
+            pass
+
+    # --- the loop --------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            if not self.step():
+                self.scheduler.wait_for_work(0.05)
+        for seq in list(self.scheduler.running.values()) + list(self.scheduler.waiting):
+            self._finish(seq, "abort", error="server shutting down")
+
+    @torch.inference_mode()
+    def step(self) -> bool:
+        admitted, cancelled = self.scheduler.schedule()
+        for seq in cancelled:
+            self._release(seq)
+            seq.on_output(RequestOutput(seq.request.request_id, (), "", finished=True,
+                                        finish_reason="abort", stats=self._stats(seq)))
+        for seq in admitted:
+            try:
+                self._prefill(seq)
+            except Exception as exc:  # a bad request must not take the engine down
+                log.exception("prefill failed for %s", seq.request.request_id)
+                self._finish(seq, "error", error=f"prefill failed: {exc}")
+        running = [s for s in self.scheduler.running.values() if not s.finished]
+        if running:
+            try:
+                self._round(running)
+            except Exception as exc:
+                log.exception("round failed")
+                for seq in running:
+                    if not seq.finished:
+                        self._finish(seq, "error", error=f"engine round failed: {exc}")
+        return bool(admitted or cancelled or running)
+
+    # --- sampling parameters per side --------------------------------------------------------
+    def _target_side(self, seqs: list[Sequence]):
+        faults = self.config.faults
+        temperature = torch.tensor([1.0 if s.request.params.greedy
+                                    or "draft-only-temperature" in faults
+                                    else s.request.params.temperature for s in seqs])
+        top_k = torch.tensor([s.request.params.top_k for s in seqs])
+        top_p = torch.tensor([1.0 if "draft-only-top-p" in faults else s.request.params.top_p
+                              for s in seqs])
+        return temperature, top_k, top_p
+
+    def _pick(self, seq: Sequence, logits: torch.Tensor) -> int:
+        """The target's token from one position's logits [V] (prefill's first token)."""
+        if seq.request.params.greedy:
+            return int(logits.argmax())
+        temperature, top_k, top_p = self._target_side([seq])
+        probs = probs_from_logits(logits[None, None], temperature, top_k, top_p)[0]  # [1, V]
+        return int(sample_from(probs, torch.rand(1, generator=seq.generator)))
+
+    # --- prefill ---------------------------------------------------------------------------
+    def _prefill(self, seq: Sequence) -> None:
+        t0 = time.perf_counter()
+        req = seq.request
+        self.cache.reset(seq.slot)
+        ids = torch.tensor([req.prompt_ids])
+        logits = self.target(ids, self.cache, torch.tensor([seq.slot]),
+                             last_only=not req.prompt_logprobs)[0]  # [T or 1, V]
+        prompt_lps = None
+        if req.prompt_logprobs:
+            logprobs = F.log_softmax(logits[:-1].float(), dim=-1)  # [T-1, V]
+            prompt_lps = (None,) + tuple(
+                self._logprob(logprobs[i], req.prompt_ids[i + 1], req.logprobs or 0)
+                for i in range(len(req.prompt_ids) - 1))
+        seq.prefill_seconds = time.perf_counter() - t0
+        if req.params.max_tokens == 0:
+            seq.on_output(RequestOutput(req.request_id, (), "", prompt_logprobs=prompt_lps))
+            self._finish(seq, "length")
+            return
+        first = self._pick(seq, logits[-1])
+        self.drafter.admit(seq.slot, list(req.prompt_ids))
+        lps = None
+        if req.logprobs is not None:
+            lps = (self._logprob(F.log_softmax(logits[-1].float(), -1), first, req.logprobs),)
+        self._emit(seq, [first], lps, prompt_lps)
+
+    # --- one round -------------------------------------------------------------------------
+    def _round(self, seqs: list[Sequence]) -> None:
+        B = len(seqs)
+        faults = self.config.faults
+        started = time.time()
+        decision = self.policy.choose(B)
+        max_len = self.config.scheduler.max_model_len
+        rows: list[DraftRow] = []
+        row_of: list[int] = []
+        sampled_u: dict[int, torch.Tensor] = {}
+        for i, seq in enumerate(seqs):
+            p = seq.request.params
+            k = 0
+            if seq.request.speculative:
+                k = max(0, min(decision.k, p.max_tokens - seq.generated - 1,
+                               max_len - len(seq.tokens) - 1))
+            if not p.greedy:  # fixed draw count per round → reproducible from the seed
+                sampled_u[i] = torch.rand(2 * decision.k + 1, generator=seq.generator)
+            if k > 0:
+                rows.append(DraftRow(seq.slot, seq.tokens, k, p.greedy, p.temperature,
+                                     p.top_k, p.top_p,
+                                     sampled_u[i][:decision.k] if i in sampled_u else None))
+                row_of.append(i)
+
+        t0 = time.perf_counter()
+        proposal = self.drafter.propose(rows, stop=self.policy.stop_drafting) if rows else None
+        t1 = time.perf_counter()
+
+        K = int(proposal.lens.max()) if proposal is not None and len(rows) else 0
+        drafts = torch.zeros(B, K, dtype=torch.long)
+        lens = torch.zeros(B, dtype=torch.long)
+        if K:
+            idx = torch.tensor(row_of)
+            drafts[idx] = proposal.tokens[:, :K]
+            lens[idx] = proposal.lens
+        slots = torch.tensor([s.slot for s in seqs])
+        feed = torch.cat([torch.tensor([[s.tokens[-1]] for s in seqs]), drafts], dim=1)
+        start = self.cache.lengths[slots].clone()
+        logits = self.target(feed, self.cache, slots)  # [B, K+1, V]
+
+        n_acc = torch.zeros(B, dtype=torch.long)
+        nxt = torch.zeros(B, dtype=torch.long)
+        greedy = torch.tensor([s.request.params.greedy for s in seqs])
+        if "greedy-verify-sampled" in faults:
+            greedy = torch.ones(B, dtype=torch.bool)
+        if bool(greedy.any()):
+            g = greedy.nonzero().flatten()
+            n_acc[g], nxt[g] = verify_greedy(drafts[g], lens[g], logits[g])
+        if not bool(greedy.all()):
+            s_idx = (~greedy).nonzero().flatten()
+            sub = [seqs[int(i)] for i in s_idx]
+            target_probs = probs_from_logits(logits[s_idx], *self._target_side(sub))
+            draft_probs = self._draft_probs(proposal, row_of, s_idx, drafts, K,
+                                            target_probs.shape[-1])
+            u = torch.stack([sampled_u[int(i)] for i in s_idx])  # [b, 2k+1]
+            acc_u = u[:, decision.k:decision.k + K] if K else u[:, :0]
+            n_acc[s_idx], nxt[s_idx] = verify_sampled(
+                drafts[s_idx], lens[s_idx], draft_probs, target_probs, acc_u, u[:, -1],
+                lossy_threshold=(self.config.lossy_threshold
+                                 if "lossy-threshold" in faults else None))
+        t2 = time.perf_counter()
+
+        row_records = []
+        extra = 1 if "kv-rewind-off-by-one" in faults else 0
+        for i, seq in enumerate(seqs):
+            a, k_i = int(n_acc[i]), int(lens[i])
+            n_prev = len(seq.tokens)
+            written = int(start[i]) + K + 1
+            self.cache.lengths[seq.slot] = min(written, n_prev + a + extra)
+            self.drafter.rewind(seq.slot, n_prev + a)
+            if k_i:
+                seq.drafts += 1
+                seq.draft_tokens += k_i
+                seq.accepted_tokens += a
+                if len(seq.accepted_per_pos) < k_i:
+                    seq.accepted_per_pos += [0] * (k_i - len(seq.accepted_per_pos))
+                for pos in range(a):
+                    seq.accepted_per_pos[pos] += 1
+            new = drafts[i, :a].tolist() + [int(nxt[i])]
+            lps = None
+            if seq.request.logprobs is not None:
+                row_lp = F.log_softmax(logits[i, :a + 1].float(), dim=-1)  # [a+1, V]
+                lps = tuple(self._logprob(row_lp[j], t, seq.request.logprobs)
+                            for j, t in enumerate(new))
+            emitted = self._emit(seq, new, lps)
+            row_records.append(RowRecord(seq.request.request_id, seq.request.tag, k_i, a,
+                                         bool(k_i) and a == k_i, emitted,
+                                         seq.request.speculative))
+        self.policy.observe(int(lens.sum()), int(n_acc.sum()))
+        running, waiting = self.scheduler.counts()
+        record = RoundRecord(self.rounds, started, B, decision.k, decision.reason, t1 - t0,
+                             t2 - t1, tuple(row_records), self.drafter.name, running, waiting,
+                             self.kv_usage())
+        self.rounds += 1
+        for observer in self.observers:
+            observer(record)
+
+    @staticmethod
+    def _draft_probs(proposal, row_of, s_idx, drafts, K, V) -> torch.Tensor:
+        """Draft distributions for the sampled rows [b, K, V] (one-hot for n-gram drafts)."""
+        out = F.one_hot(drafts[s_idx], V).float() if K else torch.zeros(len(s_idx), 0, V)
+        if K and proposal is not None and proposal.probs is not None:
+            where = {r: j for j, r in enumerate(row_of)}
+            for j, i in enumerate(s_idx.tolist()):
+                if i in where:
+                    out[j] = proposal.probs[where[i], :K]
+        return out
+
+    # --- outputs -----------------------------------------------------------------------------
+    def _logprob(self, logprobs: torch.Tensor, token: int, top_n: int) -> TokenLogprob:
+        top = ()
+        if top_n:
+            values, ids = logprobs.topk(top_n)
+            top = tuple(zip(ids.tolist(), values.tolist()))
+        return TokenLogprob(int(token), float(logprobs[token]), top)
+
+    def _emit(self, seq: Sequence, new: list[int], lps, prompt_lps=None) -> int:
+        """Append tokens, apply stop rules, send the delta. Returns tokens actually emitted."""
+        p = seq.request.params
+        now = time.perf_counter()
+        reason = None
+        kept = []
+        for tok in new:
+            kept.append(tok)
+            if (tok in p.stop_token_ids) or (tok in self.eos_ids and not p.ignore_eos):
+                reason = "stop"
+                break
+            if seq.generated + len(kept) >= p.max_tokens:
+                reason = "length"
+                break
+        if lps is not None:
+            lps = lps[:len(kept)]
+        seq.tokens.extend(kept)
+        if not seq.first_token_at:
+            seq.first_token_at = now
+        seq.last_token_at = now
+        text = seq.decoder.delta(seq.tokens[seq.prompt_len:])
+        if p.stop:
+            full = seq.text + text
+            hits = [full.find(s, max(0, len(seq.text) - len(s))) for s in p.stop]
+            hits = [h for h in hits if h >= 0]
+            if hits:
+                text = full[:min(hits)][len(seq.text):]
+                reason = "stop"
+        seq.text += text
+        out = RequestOutput(seq.request.request_id, tuple(kept), text, lps, prompt_lps,
+                            finished=reason is not None, finish_reason=reason)
+        if reason is not None:
+            self._release(seq)
+            out = RequestOutput(out.request_id, out.token_ids, out.text, out.logprobs,
+                                out.prompt_logprobs, True, reason, self._stats(seq))
+        seq.on_output(out)
+        return len(kept)
+
+    def _release(self, seq: Sequence) -> None:
+        self.scheduler.finish(seq)
+        if seq.slot >= 0:
+            self.cache.reset(seq.slot)
+            self.drafter.release(seq.slot)
+
+    def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
+        self._release(seq)
+        seq.on_output(RequestOutput(seq.request.request_id, (), "", finished=True,
+                                    finish_reason=reason, stats=self._stats(seq), error=error))
+
+    def _stats(self, seq: Sequence) -> RequestStats:
+        now = time.perf_counter()
+        admitted = seq.admitted_at or now
+        first = seq.first_token_at or now
+        return RequestStats(
+            prompt_tokens=seq.prompt_len, completion_tokens=max(0, seq.generated),
+            arrival_time=seq.arrival, queue_time=admitted - seq.arrival,
+            prefill_time=seq.prefill_seconds, ttft=first - seq.arrival,
+            decode_time=(seq.last_token_at or first) - first, e2e=now - seq.arrival,
+            drafts=seq.drafts, draft_tokens=seq.draft_tokens,
+            accepted_tokens=seq.accepted_tokens, accepted_per_pos=tuple(seq.accepted_per_pos),
+            speculative=seq.request.speculative)

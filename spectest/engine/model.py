@@ -1,0 +1,262 @@
+"""One decoder-only transformer of the Llama family (Llama, Qwen2, SmolLM, Mistral-without-SWA).
+
+Owns: the config (read from a Hugging Face ``config.json`` dict), the forward pass (RMSNorm,
+RoPE with the checkpoint's theta and scaling, SwiGLU MLP, grouped-query attention, optional
+tied embeddings and qkv biases) over a :class:`~spectest.engine.kv_cache.KVCache`.
+
+Does not know: files, tokenizers, sampling, speculation. A forward writes K/V for the new
+tokens at each row's current length and advances that length; callers that speculate rewind
+rows afterwards (``cache.lengths[slot] = n``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from spectest.engine.kv_cache import KVCache
+
+CAUSAL = "causal"  # mask marker: plain causal attention from position 0
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int = 2048
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = field(default=None, hash=False)
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # Qwen2: True for q/k/v (not o)
+    model_type: str = "llama"
+
+    @classmethod
+    def from_hf(cls, cfg: dict) -> "ModelConfig":
+        heads = cfg["num_attention_heads"]
+        model_type = cfg.get("model_type", "llama")
+        rope_scaling = cfg.get("rope_scaling") or (cfg.get("rope_parameters") or None)
+        rope_theta = cfg.get("rope_theta")
+        if rope_theta is None and isinstance(rope_scaling, dict):
+            rope_theta = rope_scaling.get("rope_theta")
+        if isinstance(rope_scaling, dict) and rope_scaling.get("rope_type", "default") == "default":
+            rope_scaling = None
+        return cls(
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_hidden_layers=cfg["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
+            rope_theta=float(rope_theta or 10000.0),
+            rope_scaling=rope_scaling,
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
+            model_type=model_type,
+        )
+
+    def to_hf(self, architecture: str = "LlamaForCausalLM") -> dict:
+        out = {
+            "architectures": [architecture],
+            "model_type": self.model_type,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "max_position_embeddings": self.max_position_embeddings,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": self.rope_scaling,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "attention_bias": self.attention_bias,
+            "hidden_act": "silu",
+            "mlp_bias": False,
+        }
+        return out
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """Inverse frequencies [head_dim/2], with HF's "linear" and "llama3" scaling."""
+    dim = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    scaling = cfg.rope_scaling
+    if not scaling:
+        return inv_freq.float()
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "linear":
+        return (inv_freq / scaling["factor"]).float()
+    if kind == "llama3":
+        factor = scaling["factor"]
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old_ctx = scaling["original_max_position_embeddings"]
+        low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return torch.where(is_medium, smoothed, scaled).float()
+    raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: linear, llama3)")
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = (cfg.num_attention_heads,
+                                                  cfg.num_key_value_heads, cfg.head_dim)
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, layer_cache, mask):
+        # x [B, T, D]; cos/sin [B, T, hd]; layer_cache: (write(k, v) -> (keys, values))
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim)
+        v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
+        cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # [B, T, 1, hd]
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        keys, values = layer_cache(k, v)  # [B, S, H_kv, hd] each
+        # mask: CAUSAL (training, no cache), None (attend every cached key) or bool [B,1,T,S]
+        causal = isinstance(mask, str)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+            attn_mask=None if causal else mask, is_causal=causal,
+            enable_gqa=self.n_kv != self.n_heads)  # [B, H, T, hd]
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, layer_cache, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer_cache, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Transformer(nn.Module):
+    """Parameter names match HF's ``model.*`` / ``lm_head.*`` so checkpoints load as they are."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        self._rope_len = 0  # cos/sin tables cover positions [0, _rope_len)
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [B, T, head_dim] for absolute ``positions`` [B, T], from cached tables."""
+        need = int(positions.max()) + 1
+        if need > self._rope_len:
+            length = max(need, 2 * self._rope_len, self.config.max_position_embeddings)
+            freqs = torch.arange(length, dtype=torch.float32)[:, None] * self.inv_freq  # [L, hd/2]
+            emb = torch.cat((freqs, freqs), dim=-1)
+            self._cos, self._sin, self._rope_len = emb.cos(), emb.sin(), length
+        return self._cos[positions], self._sin[positions]
+
+    def new_cache(self, n_slots: int, max_len: int, dtype=torch.float32) -> KVCache:
+        cfg = self.config
+        return KVCache(cfg.num_hidden_layers, n_slots, max_len, cfg.num_key_value_heads,
+                       cfg.head_dim, dtype=dtype)
+
+    def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None,
+                slots: torch.Tensor | None = None, last_only: bool = False) -> torch.Tensor:
+        """Logits for ``input_ids`` [B, T] appended after each row's cached prefix.
+
+        ``slots`` [B] picks the cache rows (default 0..B-1). Without a cache the call is a
+        plain causal forward from position 0 (training). Returns [B, T, V], or [B, 1, V]
+        with ``last_only``.
+        """
+        B, T = input_ids.shape
+        if cache is None:
+            positions = torch.arange(T).expand(B, T)  # [B, T]
+            mask = CAUSAL
+            layer_caches = [_no_cache] * len(self.layers)
+        else:
+            if slots is None:
+                slots = torch.arange(B)
+            start = cache.lengths[slots]  # [B]
+            positions = start[:, None] + torch.arange(T)  # [B, T]
+            span = int(start.max()) + T
+            if span > cache.max_len:
+                raise ValueError(f"KV cache overflow: need {span} positions, have {cache.max_len}")
+            if B == 1 and T == 1:
+                mask = None  # one query, every cached key is in its past
+            else:
+                key_pos = torch.arange(span)
+                mask = (key_pos[None, None, :] <= positions[:, :, None]).unsqueeze(1)  # [B,1,T,S]
+            layer_caches = cache.writers(slots, positions, span)
+        if self.training and cache is None:
+            freqs = positions[..., None].float() * self.inv_freq  # [B, T, hd/2]
+            emb = torch.cat((freqs, freqs), dim=-1)
+            cos, sin = emb.cos(), emb.sin()  # [B, T, hd]
+        else:
+            cos, sin = self._rope(positions)  # [B, T, hd]
+        x = self.embed_tokens(input_ids)
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # fp16/bf16 weights: keep q/k in dtype
+        for layer, layer_cache in zip(self.layers, layer_caches):
+            x = layer(x, cos, sin, layer_cache, mask)
+        if cache is not None:
+            cache.lengths[slots] = start + T
+        if last_only:
+            x = x[:, -1:]
+        return self.lm_head(self.norm(x))
+
+
+def _no_cache(k, v):
+    return k, v

@@ -1,0 +1,166 @@
+"""Continuous batching bookkeeping: slots, the waiting queue, admission and cancellation.
+
+Owns: :class:`Sequence` (one request's mutable state while it runs), :class:`Scheduler` (a FIFO
+waiting queue bounded by ``max_waiting``, ``max_num_seqs`` slots, a KV-position budget covering
+the speculative slots, refusal of requests that can never fit, cancellation from any thread).
+
+Does not know: models, drafting or verification. Thread-safe: ``submit`` / ``cancel`` may be
+called from the server's thread while the engine thread calls ``schedule`` between rounds.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from spectest.engine.requests import (CapacityError, GenerationRequest, QueueFullError,
+                                      RequestOutput)
+from spectest.engine.sampling import make_generator
+
+OutputCallback = Callable[[RequestOutput], None]
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 8
+    max_model_len: int = 1024  # KV positions per sequence, in each model's cache
+    max_waiting: int = 256
+    kv_budget_tokens: int | None = None  # total reserved positions; default: slots × len
+    spec_slots: int = 8  # extra positions reserved per sequence for drafts (K_max + 1)
+
+    @property
+    def budget(self) -> int:
+        return self.kv_budget_tokens or self.max_num_seqs * self.max_model_len
+
+
+@dataclass(eq=False)
+class Sequence:
+    request: GenerationRequest
+    on_output: OutputCallback
+    arrival: float
+    tokens: list[int] = field(default_factory=list)  # prompt + output
+    slot: int = -1
+    admitted_at: float = 0.0
+    prefill_seconds: float = 0.0
+    first_token_at: float = 0.0
+    last_token_at: float = 0.0
+    cancelled: bool = False
+    finished: bool = False
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+    text: str = ""
+    decoder: object = None
+    generator: torch.Generator | None = None
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.request.prompt_ids)
+
+    @property
+    def generated(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+    @property
+    def reservation(self) -> int:
+        return self.prompt_len + self.request.params.max_tokens
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig):
+        self.config = config
+        self.waiting: deque[Sequence] = deque()
+        self.running: dict[int, Sequence] = {}  # slot → sequence
+        self.free_slots = list(range(config.max_num_seqs - 1, -1, -1))
+        self.reserved = 0
+        self.lock = threading.Lock()
+        self.wakeup = threading.Condition(self.lock)
+        self._cancel: set[str] = set()
+
+    def need(self, request: GenerationRequest) -> int:
+        return len(request.prompt_ids) + request.params.max_tokens + self.config.spec_slots
+
+    def submit(self, request: GenerationRequest, on_output: OutputCallback) -> Sequence:
+        if not request.prompt_ids:
+            raise CapacityError("the prompt is empty")
+        need = self.need(request)
+        limit = min(self.config.max_model_len, self.config.budget)
+        if need > limit:
+            raise CapacityError(
+                f"request needs {need} KV positions (prompt {len(request.prompt_ids)} + "
+                f"max_tokens {request.params.max_tokens} + {self.config.spec_slots} speculative)"
+                f" but a sequence can hold at most {limit}")
+        seq = Sequence(request, on_output, time.perf_counter(), list(request.prompt_ids))
+        seq.generator = make_generator(request.params.seed)
+        with self.lock:
+            if len(self.waiting) >= self.config.max_waiting:
+                raise QueueFullError(f"{len(self.waiting)} requests already waiting")
+            self.waiting.append(seq)
+            self.wakeup.notify()
+        return seq
+
+    def cancel(self, request_id: str) -> None:
+        with self.lock:
+            self._cancel.add(request_id)
+            self.wakeup.notify()
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def wait_for_work(self, timeout: float) -> None:
+        with self.lock:
+            if not (self.waiting or self.running or self._cancel):
+                self.wakeup.wait(timeout)
+
+    def schedule(self) -> tuple[list[Sequence], list[Sequence]]:
+        """Between rounds: apply cancellations, then admit waiting requests FIFO.
+
+        Returns (newly admitted, cancelled) — the caller prefills the first and reports the
+        second; cancelled sequences have already given back their slot.
+        """
+        with self.lock:
+            cancelled = []
+            if self._cancel:
+                for seq in list(self.waiting):
+                    if seq.request.request_id in self._cancel:
+                        self.waiting.remove(seq)
+                        cancelled.append(seq)
+                for seq in list(self.running.values()):
+                    if seq.request.request_id in self._cancel:
+                        self._free(seq)
+                        cancelled.append(seq)
+                self._cancel.clear()
+            admitted = []
+            while self.waiting and self.free_slots:
+                seq = self.waiting[0]
+                if self.reserved + self.need(seq.request) > self.config.budget:
+                    break
+                self.waiting.popleft()
+                seq.slot = self.free_slots.pop()
+                seq.admitted_at = time.perf_counter()
+                self.reserved += self.need(seq.request)
+                self.running[seq.slot] = seq
+                admitted.append(seq)
+            for seq in cancelled:
+                seq.cancelled = True
+        return admitted, cancelled
+
+    def finish(self, seq: Sequence) -> None:
+        with self.lock:
+            self._free(seq)
+
+    def _free(self, seq: Sequence) -> None:
+        if seq.slot >= 0 and self.running.get(seq.slot) is seq:
+            del self.running[seq.slot]
+            self.free_slots.append(seq.slot)
+            self.reserved -= self.need(seq.request)
+        seq.finished = True
+
+    def counts(self) -> tuple[int, int]:
+        return len(self.running), len(self.waiting)

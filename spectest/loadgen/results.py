@@ -1,0 +1,322 @@
+"""Per-request log and per-step summary of a load run — the files the report (issue 6) reads.
+
+One run writes one folder (``--results-dir``; a new test start truncates it):
+
+``requests.jsonl``  one JSON object per finished request, appended and flushed at least once a
+    second (a reader should skip a torn last line after a hard kill). Keys: ``step``,
+    ``started_at`` (unix s, when sent), ``sent_mono`` (the same instant on CLOCK_MONOTONIC, to
+    join server-side stamps taken on the same host), ``worker``, ``workload``, ``record_id``,
+    ``turn``, ``ok``, ``status``, ``error``, ``response_id``, ``trace_id`` (the W3C trace id
+    sent), ``ttft_ms``, ``tpot_ms``, ``e2el_ms``, ``itl_ms`` (every chunk gap), ``chunks``,
+    ``output_tokens``, ``prompt_tokens``, ``tokens_per_chunk``, ``usage_reported``, ``spec``
+    (the server's per-response object or null), ``speculative`` (on|off|default, as requested),
+    ``schedule_lag_ms`` (open loop: send time minus scheduled arrival), ``slo_ok``.
+``steps.csv``  one row per (step, workload) plus a ``workload = all`` row per step; rewritten
+    atomically (temp file + ``os.replace``) whenever it changes, so it is always complete up to
+    the last flush. Read it with ``pandas.read_csv``. Columns, in order:
+
+    ====================== ===============================================================
+    step                   0-based step index
+    workload               chat | code | rag | … | all
+    users                  concurrent users in the step (open loop: the pool size)
+    request_rate           target Poisson arrivals/s (open loop), empty when closed loop
+    speculative            on | off | default (what the client asked for)
+    started_at             unix seconds when the step began
+    duration_s             step length (to its end, or to now while it runs)
+    requests               requests sent in the step that finished (ok + failed)
+    failures               of those, failed
+    errors                 JSON object: the ten most common error messages and their counts
+    ttft_p50_ms … _p99_ms  time to first token percentiles (p50, p90, p99), successful only
+    tpot_p50_ms …          (E2EL − TTFT) / (N − 1)
+    itl_p50_ms …           gaps between streamed chunks (all chunks of all requests)
+    e2el_p50_ms …          end-to-end latency
+    output_tokens          sum of usage.completion_tokens of successful requests
+    output_tokens_per_s    output_tokens / duration_s
+    requests_per_s         successful requests / duration_s
+    goodput_rps            requests meeting every SLO given / duration_s (DistServe)
+    slo_attainment         share of successful requests meeting every SLO
+    tokens_per_chunk       output_tokens / chunks (> 1 when a chunk carries a whole round)
+    acceptance_source      spectest | vllm | sglang | empty (where the server figures are from)
+    drafts, draft_tokens, accepted_tokens
+                           server counter deltas over the step (/metrics at both boundaries)
+    acceptance_rate        Δaccepted / Δdraft_tokens (empty when no drafts)
+    mean_accepted_length   1 + Δaccepted / Δdrafts (SGLang: its gauge at the step's end)
+    client_acceptance_rate, client_mean_accepted_length
+                           the same figures summed from the per-response ``spec`` objects
+    acceptance_pos_0 …     Δaccepted at draft position i / Δdrafts; as many columns as the
+                           largest draft position seen in the run (always last)
+    ====================== ===============================================================
+
+    A request belongs to the step in which it was *sent*. vLLM counters have no workload
+    label, so only the ``all`` rows carry server figures against a vLLM server.
+``scrapes.jsonl``  every ``/metrics`` snapshot taken (step boundaries and live scrapes).
+``run.json``  host, model, options, steps and ``status`` (running | finished | aborted).
+
+This module knows nothing about Locust or HTTP: it is fed rows and snapshots.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import os
+import time
+from array import array
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from spectest.loadgen.client import StreamResult
+from spectest.loadgen.scrape import ALL, Acceptance, Snapshot, acceptance
+
+PERCENTILES = (50, 90, 99)
+LATENCIES = ("ttft", "tpot", "itl", "e2el")
+COLUMNS = (["step", "workload", "users", "request_rate", "speculative", "started_at",
+            "duration_s", "requests", "failures", "errors"]
+           + [f"{m}_p{p}_ms" for m in LATENCIES for p in PERCENTILES]
+           + ["output_tokens", "output_tokens_per_s", "requests_per_s", "goodput_rps",
+              "slo_attainment", "tokens_per_chunk", "acceptance_source", "drafts",
+              "draft_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_length",
+              "client_acceptance_rate", "client_mean_accepted_length"])
+
+
+def request_row(r: StreamResult, *, worker: str, speculative: str, slo_ok: bool,
+                schedule_lag_s: float | None = None) -> dict:
+    """A StreamResult as one ``requests.jsonl`` object (times in ms, rounded to µs)."""
+    ms = lambda s: None if s is None else round(s * 1e3, 3)  # noqa: E731
+    return {"started_at": round(r.started_at, 6), "sent_mono": round(r.sent_mono, 6),
+            "worker": worker, "workload": r.workload,
+            "record_id": r.record_id, "turn": r.turn, "ok": r.ok, "status": r.status,
+            "error": r.error, "response_id": r.response_id, "trace_id": r.trace_id,
+            "ttft_ms": ms(r.ttft_s), "tpot_ms": ms(r.tpot_s), "e2el_ms": ms(r.e2el_s),
+            "itl_ms": [round(x * 1e3, 3) for x in r.itl_s], "chunks": r.chunks,
+            "output_tokens": r.output_tokens, "prompt_tokens": r.prompt_tokens,
+            "tokens_per_chunk": r.tokens_per_chunk, "usage_reported": r.usage_reported,
+            "spec": r.spec, "speculative": speculative, "schedule_lag_ms": ms(schedule_lag_s),
+            "slo_ok": bool(r.ok and slo_ok)}
+
+
+@dataclass
+class _Bucket:
+    """Everything needed for one (step, workload) row."""
+    requests: int = 0
+    failures: int = 0
+    slo_ok: int = 0
+    output_tokens: int = 0
+    chunks: int = 0
+    spec_drafts: float = 0.0
+    spec_draft_tokens: float = 0.0
+    spec_accepted: float = 0.0
+    ttft: array = field(default_factory=lambda: array("d"))
+    tpot: array = field(default_factory=lambda: array("d"))
+    itl: array = field(default_factory=lambda: array("d"))
+    e2el: array = field(default_factory=lambda: array("d"))
+    errors: Counter = field(default_factory=Counter)
+
+    def add(self, row: dict) -> None:
+        self.requests += 1
+        if not row["ok"]:
+            self.failures += 1
+            self.errors[row["error"][:80]] += 1
+            return
+        self.slo_ok += bool(row["slo_ok"])
+        self.output_tokens += row["output_tokens"]
+        self.chunks += row["chunks"]
+        for name in ("ttft", "tpot", "e2el"):
+            if row[f"{name}_ms"] is not None:
+                getattr(self, name).append(row[f"{name}_ms"])
+        self.itl.extend(row["itl_ms"])
+        spec = row.get("spec") or {}
+        if spec.get("drafts") is not None:
+            self.spec_drafts += spec.get("drafts") or 0
+            self.spec_draft_tokens += spec.get("draft_tokens") or 0
+            self.spec_accepted += spec.get("accepted_tokens") or 0
+
+
+@dataclass
+class Step:
+    index: int
+    users: int
+    rate: float | None
+    started_at: float
+    ended_at: float | None = None
+    start_snapshot: Snapshot | None = None
+    end_snapshot: Snapshot | None = None
+    buckets: dict[str, _Bucket] = field(default_factory=dict)
+
+
+class ResultsSink:
+    """Collects request rows and step boundaries on the process that owns the run."""
+
+    def __init__(self, folder: str | os.PathLike, *, speculative: str, run_info: dict):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.speculative = speculative
+        self.run_info = {**run_info, "status": "running", "started_at": time.time()}
+        self.steps: list[Step] = []
+        self._starts: list[float] = []
+        self.latest: Snapshot | None = None
+        self.max_positions = 0
+        self._dirty = True
+        self._cache: dict[int, list[dict]] = {}  # rows of steps that have not changed since
+        self._next_csv = 0.0  # monotonic time before which a non-forced flush skips the CSV
+        self._requests = open(self.folder / "requests.jsonl", "w", encoding="utf-8")
+        self._scrapes = open(self.folder / "scrapes.jsonl", "w", encoding="utf-8")
+        for stale in ("steps.csv",):
+            (self.folder / stale).unlink(missing_ok=True)
+        self.write_run_info()
+
+    @property
+    def closed(self) -> bool:
+        return self._requests.closed
+
+    # --- feeding -------------------------------------------------------------------------
+    def begin_step(self, users: int, rate: float | None, snapshot: Snapshot | None,
+                   at: float | None = None) -> Step:
+        at = time.time() if at is None else at
+        self.record_snapshot(snapshot, "boundary")
+        if self.steps:
+            self._close(self.steps[-1], at, snapshot)
+        step = Step(len(self.steps), users, rate, at, start_snapshot=snapshot or self.latest)
+        self.steps.append(step)
+        self._cache.pop(step.index - 1, None)
+        self._starts.append(at)
+        self._dirty = True
+        self.write_run_info()
+        return step
+
+    def add(self, rows: list[dict]) -> None:
+        if not self.steps:
+            self.begin_step(0, None, None)
+        lines = []
+        for row in rows:
+            i = max(0, bisect.bisect_right(self._starts, row["started_at"]) - 1)
+            step = self.steps[i]
+            row = {"step": step.index, **row}
+            lines.append(json.dumps(row))
+            for key in (row["workload"], ALL):
+                step.buckets.setdefault(key, _Bucket()).add(row)
+            self._cache.pop(step.index, None)
+        if lines:
+            self._requests.write("\n".join(lines) + "\n")
+            self._dirty = True
+
+    def record_snapshot(self, snapshot: Snapshot | None, kind: str) -> None:
+        if snapshot is None:
+            return
+        self.latest = snapshot
+        self._scrapes.write(json.dumps({"kind": kind, "step": len(self.steps) - 1,
+                                        **asdict(snapshot)}) + "\n")
+        positions = max([len(c.per_pos) for c in snapshot.counters.values()] + [0])
+        if positions > self.max_positions:
+            self.max_positions = positions
+            self._cache.clear()  # every row gains the new acceptance_pos_* columns
+        self._dirty = True
+
+    def finish(self, snapshot: Snapshot | None, status: str = "finished") -> None:
+        self.record_snapshot(snapshot, "final")
+        if self.steps and self.steps[-1].ended_at is None:
+            self._close(self.steps[-1], time.time(), snapshot)
+        self.run_info.update(status=status, ended_at=time.time())
+        self.flush(force=True)
+        self._requests.close()
+        self._scrapes.close()
+
+    def _close(self, step: Step, at: float, snapshot: Snapshot | None) -> None:
+        self._cache.pop(step.index, None)
+        step.ended_at = at
+        step.end_snapshot = snapshot or self.latest
+
+    # --- output --------------------------------------------------------------------------
+    def flush(self, force: bool = False) -> None:
+        if self.closed:
+            return
+        self._requests.flush()
+        self._scrapes.flush()
+        if force or (self._dirty and time.monotonic() >= self._next_csv):
+            t0 = time.monotonic()
+            self._dirty = False
+            _atomic_write(self.folder / "steps.csv", self.frame().to_csv(index=False))
+            self.write_run_info()
+            # huge steps make percentiles slow: then rewrite the CSV less often (≤ 10 % time)
+            took = time.monotonic() - t0
+            self._next_csv = t0 + 10 * took if took > 0.05 else 0.0
+
+    def write_run_info(self) -> None:
+        info = {**self.run_info, "steps": [
+            {"index": s.index, "users": s.users, "request_rate": s.rate,
+             "started_at": s.started_at, "ended_at": s.ended_at} for s in self.steps]}
+        _atomic_write(self.folder / "run.json", json.dumps(info, indent=2, default=str))
+
+    def rows(self, steps: list[Step] | None = None) -> list[dict]:
+        out = []
+        for step in self.steps if steps is None else steps:
+            cached = self._cache.get(step.index)
+            if cached is None:
+                server = acceptance(step.start_snapshot, step.end_snapshot or self.latest)
+                keys = sorted(k for k in step.buckets if k != ALL) + [ALL]
+                cached = [self._row(step, key, step.buckets.get(key, _Bucket()), server.get(key))
+                          for key in keys]
+                if step.ended_at is not None:  # a running step changes every second
+                    self._cache[step.index] = cached
+            out.extend(cached)
+        return out
+
+    def frame(self) -> pd.DataFrame:
+        pos_cols = [f"acceptance_pos_{i}" for i in range(self.max_positions)]
+        return pd.DataFrame(self.rows(), columns=COLUMNS + pos_cols)
+
+    def _row(self, step: Step, key: str, b: _Bucket, acc: Acceptance | None) -> dict:
+        end = step.ended_at if step.ended_at is not None else time.time()
+        duration = max(1e-9, end - step.started_at)
+        ok = b.requests - b.failures
+        row = {"step": step.index, "workload": key, "users": step.users,
+               "request_rate": step.rate, "speculative": self.speculative,
+               "started_at": round(step.started_at, 3), "duration_s": round(duration, 3),
+               "requests": b.requests, "failures": b.failures,
+               "errors": json.dumps(dict(b.errors.most_common(10))) if b.errors else None}
+        for name in LATENCIES:
+            values = np.frombuffer(getattr(b, name), dtype=float) if len(getattr(b, name)) else None
+            qs = np.percentile(values, PERCENTILES) if values is not None else [None] * 3
+            for p, q in zip(PERCENTILES, qs):
+                row[f"{name}_p{p}_ms"] = None if q is None else round(float(q), 3)
+        row.update(
+            output_tokens=b.output_tokens, output_tokens_per_s=b.output_tokens / duration,
+            requests_per_s=ok / duration, goodput_rps=b.slo_ok / duration,
+            slo_attainment=b.slo_ok / ok if ok else None,
+            tokens_per_chunk=b.output_tokens / b.chunks if b.chunks else None,
+            acceptance_source=acc.source if acc else None,
+            drafts=acc.drafts if acc else None, draft_tokens=acc.draft_tokens if acc else None,
+            accepted_tokens=acc.accepted if acc else None,
+            acceptance_rate=acc.acceptance_rate if acc else None,
+            mean_accepted_length=acc.mean_accepted_length if acc else None,
+            client_acceptance_rate=(b.spec_accepted / b.spec_draft_tokens
+                                    if b.spec_draft_tokens else None),
+            client_mean_accepted_length=(1 + b.spec_accepted / b.spec_drafts
+                                         if b.spec_drafts else None))
+        for i in range(self.max_positions):
+            per = acc.per_position if acc else ()
+            row[f"acceptance_pos_{i}"] = per[i] if i < len(per) else None
+        return row
+
+
+def summary_line(row: dict) -> str:
+    """One console/log line for a step row."""
+    def f(v, spec: str) -> str:
+        return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+    return (f"step {row['step']} [{row['workload']}] users={row['users']} "
+            f"req={row['requests']} fail={row['failures']} "
+            f"ttft_p50={f(row['ttft_p50_ms'], '.1f')}ms tpot_p50={f(row['tpot_p50_ms'], '.2f')}ms "
+            f"tok/s={f(row['output_tokens_per_s'], '.1f')} "
+            f"acceptance={f(row['acceptance_rate'], '.3f')} "
+            f"mean_len={f(row['mean_accepted_length'], '.2f')}")
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)

@@ -1,0 +1,359 @@
+"""An OpenAI-compatible SSE stub server that streams tokens on a known, stamped schedule.
+
+It exists to test and benchmark the load generator without a model: the first token leaves
+``ttft`` after the request arrives and one decode *round* leaves every ``itl`` after that,
+scheduled against cumulative time (no drift). Under speculation a round carries the accepted
+drafts plus one token in one SSE chunk; acceptance is drawn per position with probability
+``accept_prob`` from a seeded RNG, so counters and per-response ``spec`` objects agree exactly.
+
+Every event carries ``stub_sent_at`` (the stub's monotonic clock just before the write) and
+``GET /stub/timings`` returns, per response id, the arrival time and the send time of every
+token chunk — the ground truth the timing-accuracy test and the capacity benchmark compare the
+client against (nominal sleeps are not trusted: asyncio wakes ~1 ms late).
+
+``/metrics`` exposes the spec-decode counters under ``spectest:`` names (from
+``spectest.telemetry.names``), or as vLLM (``vllm:`` prefix, ``engine`` label) or SGLang
+(``sglang:spec_accept_length`` gauge) would, so the scraper can be tested against each. It is a
+test double for the serving contract in docs/ARCHITECTURE.md, not a server to deploy.
+
+    python -m spectest.loadgen.stub --port 0 --ttft-ms 20 --itl-ms 5 --metrics spectest
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Literal
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from spectest.telemetry import names as N
+
+MetricsFlavour = Literal["spectest", "vllm", "sglang"]
+
+
+@dataclass(frozen=True)
+class StubConfig:
+    ttft_s: float = 0.02
+    itl_s: float = 0.005
+    output_tokens: int = 0  # 0: serve the request's max_tokens
+    spec_k: int = 4  # draft tokens per round when speculating (0: never speculate)
+    accept_prob: float = 0.7
+    speculative_default: bool = True
+    model: str = "stub-model"
+    drafter: str = "stub-drafter"
+    metrics: MetricsFlavour = "spectest"
+    seed: int = 0
+    keep_timings: int = 20000
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: str
+    content: str
+
+
+class _StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: _StreamOptions | None = None
+    speculative: bool | None = None
+    stop: str | list[str] | None = None
+    user: str | None = None
+
+
+class _ChatRequest(_Common):
+    messages: list[_Message]
+    max_completion_tokens: int | None = None
+
+
+class _CompletionRequest(_Common):
+    prompt: str | list[str]
+
+
+class _Metrics:
+    """The stub's counters in one of three naming flavours, on an injected registry."""
+
+    def __init__(self, cfg: StubConfig, registry: CollectorRegistry):
+        self.cfg, self.registry = cfg, registry
+        self.sum_len = self.rounds = 0
+        if cfg.metrics == "sglang":
+            self.accept_length = Gauge("sglang:spec_accept_length", "Mean accept length.",
+                                       ["model_name"], registry=registry)
+            self.accept_rate = Gauge("sglang:spec_accept_rate", "Accept rate (bonus counted).",
+                                     ["model_name"], registry=registry)
+            return
+        prefix = "vllm:" if cfg.metrics == "vllm" else N.PREFIX
+        base = ("model_name", "engine") if cfg.metrics == "vllm" else N.REQUEST_LABELS
+
+        def counter(spec: N.MetricSpec, extra: tuple[str, ...] = ()) -> Counter:
+            return Counter(N.renamed(spec, prefix), spec.help, list(base + extra),
+                           registry=registry)
+
+        self.drafts = counter(N.SPEC_NUM_DRAFTS)
+        self.draft_tokens = counter(N.SPEC_NUM_DRAFT_TOKENS)
+        self.accepted = counter(N.SPEC_NUM_ACCEPTED_TOKENS)
+        self.per_pos = counter(N.SPEC_NUM_ACCEPTED_PER_POS, ("position",))
+        self.generation = counter(N.GENERATION_TOKENS)
+
+    def _labels(self, workload: str) -> tuple[str, ...]:
+        if self.cfg.metrics == "vllm":
+            return (self.cfg.model, "0")
+        return (self.cfg.model, self.cfg.drafter, workload)
+
+    def round(self, workload: str, k: int, accepted: int, emitted: int) -> None:
+        if self.cfg.metrics == "sglang":
+            self.rounds += 1
+            self.sum_len += accepted + 1
+            self.accept_length.labels(self.cfg.model).set(self.sum_len / self.rounds)
+            self.accept_rate.labels(self.cfg.model).set(
+                self.sum_len / (self.rounds * (self.cfg.spec_k + 1)))
+            return
+        lab = self._labels(workload)
+        self.generation.labels(*lab).inc(emitted)
+        if k:
+            self.drafts.labels(*lab).inc()
+            self.draft_tokens.labels(*lab).inc(k)
+            self.accepted.labels(*lab).inc(accepted)
+            for pos in range(accepted):
+                self.per_pos.labels(*lab, str(pos)).inc()
+
+    def first_token(self, workload: str) -> None:
+        if self.cfg.metrics != "sglang":
+            self.generation.labels(*self._labels(workload)).inc()
+
+
+def _error(status: int, message: str, kind: str = "invalid_request_error") -> web.Response:
+    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    return web.json_response(body, status=status)
+
+
+class StubServer:
+    def __init__(self, cfg: StubConfig, registry: CollectorRegistry | None = None):
+        self.cfg = cfg
+        self.registry = registry or CollectorRegistry()
+        self.metrics = _Metrics(cfg, self.registry)
+        self.timings: deque[dict] = deque(maxlen=cfg.keep_timings)
+        self.served = 0
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.add_routes([
+            web.post("/v1/chat/completions", self.chat), web.post("/v1/completions", self.complete),
+            web.get("/v1/models", self.models), web.get("/health", self.health),
+            web.get("/metrics", self.metrics_text), web.get("/stub/timings", self.get_timings),
+        ])
+        return app
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [
+            {"id": self.cfg.model, "object": "model", "owned_by": "spectest-stub"}]})
+
+    async def metrics_text(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.registry),
+                            headers={"Content-Type": "text/plain; version=0.0.4"})
+
+    async def get_timings(self, request: web.Request) -> web.Response:
+        out = list(self.timings)
+        if request.query.get("clear"):
+            self.timings.clear()
+        return web.json_response(out)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, _ChatRequest, chat=True)
+
+    async def complete(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, _CompletionRequest, chat=False)
+
+    async def _serve(self, request: web.Request, model, chat: bool) -> web.StreamResponse:
+        received = time.monotonic()
+        try:
+            req = model.model_validate_json(await request.read())
+        except ValidationError as e:
+            first = e.errors()[0]
+            return _error(400, f"{'.'.join(map(str, first['loc']))}: {first['msg']}")
+        if req.model != self.cfg.model:
+            return _error(404, f"model {req.model!r} not found", "NotFoundError")
+        workload = request.headers.get("X-Spectest-Workload", "none")
+        workload = workload if workload in N.WORKLOADS else "other"
+        if chat:
+            text = req.messages[-1].content
+            max_tokens = req.max_completion_tokens or req.max_tokens or 16
+        else:
+            text = req.prompt if isinstance(req.prompt, str) else " ".join(req.prompt)
+            max_tokens = req.max_tokens or 16
+        n_tokens = self.cfg.output_tokens or max_tokens
+        speculative = self.cfg.speculative_default if req.speculative is None else req.speculative
+        k = self.cfg.spec_k if speculative else 0
+        self.served += 1
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-stub{self.served}"
+        rng = random.Random(f"{self.cfg.seed}:{self.served}")
+        words = text.split() or ["token"]
+        pieces = [json.dumps(words[i % len(words)] + " ") for i in range(n_tokens)]
+        chunks = _plan_rounds(n_tokens, k, self.cfg.accept_prob, rng)
+        if not req.stream:
+            return await self._non_streaming(rid, chat, pieces, chunks, k, workload, received,
+                                             speculative)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        created = int(time.time())
+        if chat:
+            head = (f'data: {{"id":"{rid}","object":"chat.completion.chunk","created":{created},'
+                    f'"model":"{self.cfg.model}","choices":[{{"index":0,"delta":{{')
+            await resp.write(f'{head}"role":"assistant","content":""}},"finish_reason":null}}],'
+                             f'"stub_sent_at":{time.monotonic():.6f}}}\n\n'.encode())
+            head += '"content":'
+            tail = '},"finish_reason":null}],"stub_sent_at":'
+        else:
+            head = (f'data: {{"id":"{rid}","object":"text_completion","created":{created},'
+                    f'"model":"{self.cfg.model}","choices":[{{"index":0,"text":')
+            tail = ',"finish_reason":null}],"stub_sent_at":'
+        sent, idx, due = [], 0, received + self.cfg.ttft_s
+        for n, accepted in chunks:
+            delay = due - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            content = "".join(json.loads(p) for p in pieces[idx:idx + n]) if n > 1 else None
+            piece = json.dumps(content) if content is not None else pieces[idx]
+            idx += n
+            stamp = time.monotonic()
+            await resp.write(f"{head}{piece}{tail}{stamp:.6f}}}\n\n".encode())
+            sent.append(stamp)
+            if accepted < 0:
+                self.metrics.first_token(workload)
+            else:
+                self.metrics.round(workload, k, accepted, n)
+            due += self.cfg.itl_s
+        spec = _spec_object(chunks, k, speculative, self.cfg.drafter)
+        usage = {"prompt_tokens": len(words), "completion_tokens": n_tokens,
+                 "total_tokens": len(words) + n_tokens}
+        end_choice = ({"index": 0, "delta": {}, "finish_reason": "length"} if chat
+                      else {"index": 0, "text": "", "finish_reason": "length"})
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        base = {"id": rid, "object": obj, "created": created, "model": self.cfg.model}
+        last = {**base, "choices": [end_choice], "spec": spec}
+        tail_events = [last]
+        if req.stream_options and req.stream_options.include_usage:
+            tail_events.append({**base, "choices": [], "usage": usage, "spec": spec})
+        for ev in tail_events:
+            await resp.write(f"data: {json.dumps(ev)}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        self.timings.append({"id": rid, "received_at": received, "chunk_sent_at": sent,
+                             "tokens_per_chunk": [n for n, _ in chunks],
+                             "completion_tokens": n_tokens, "workload": workload, "spec": spec,
+                             "traceparent": request.headers.get("traceparent", ""),
+                             "client_port": peer[1] if peer else None})
+        return resp
+
+    async def _non_streaming(self, rid, chat, pieces, chunks, k, workload, received, speculative):
+        await asyncio.sleep(max(0.0, received + self.cfg.ttft_s
+                                + self.cfg.itl_s * (len(chunks) - 1) - time.monotonic()))
+        for n, accepted in chunks:
+            (self.metrics.first_token(workload) if accepted < 0
+             else self.metrics.round(workload, k, accepted, n))
+        text = "".join(json.loads(p) for p in pieces)
+        choice = ({"index": 0, "message": {"role": "assistant", "content": text},
+                   "finish_reason": "length"} if chat
+                  else {"index": 0, "text": text, "finish_reason": "length"})
+        return web.json_response({
+            "id": rid, "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()), "model": self.cfg.model, "choices": [choice],
+            "usage": {"prompt_tokens": 0, "completion_tokens": len(pieces),
+                      "total_tokens": len(pieces)},
+            "spec": _spec_object(chunks, k, speculative, self.cfg.drafter)})
+
+
+def _plan_rounds(n_tokens: int, k: int, p: float, rng: random.Random) -> list[tuple[int, int]]:
+    """(tokens in chunk, accepted drafts) per chunk; the first (prefill) chunk has -1."""
+    out, left = [(1, -1)], n_tokens - 1
+    while left > 0:
+        accepted = 0
+        while accepted < k and rng.random() < p:
+            accepted += 1
+        accepted = min(accepted, left - 1)
+        out.append((accepted + 1, accepted))
+        left -= accepted + 1
+    return out
+
+
+def _spec_object(chunks, k: int, speculative: bool, drafter: str) -> dict:
+    drafts = sum(1 for _, a in chunks if a >= 0) if k else 0
+    accepted = sum(a for _, a in chunks if a > 0) if k else 0
+    return {"drafts": drafts, "draft_tokens": drafts * k, "accepted_tokens": accepted,
+            "mean_accepted_length": (1 + accepted / drafts) if drafts else None,
+            "speculative": speculative, "drafter": drafter if k else None}
+
+
+async def _serve_forever(server: StubServer, host: str, port: int) -> None:
+    runner = web.AppRunner(server.app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, backlog=1024)
+    await site.start()
+    bound = site._server.sockets[0].getsockname()[1]  # the real port when --port 0
+    print(f"spectest stub listening on http://{host}:{bound}", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m spectest.loadgen.stub",
+                                 description="OpenAI-compatible SSE stub with stamped timings.")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--ttft-ms", type=float, default=20.0)
+    ap.add_argument("--itl-ms", type=float, default=5.0)
+    ap.add_argument("--output-tokens", type=int, default=0)
+    ap.add_argument("--spec-k", type=int, default=4)
+    ap.add_argument("--accept-prob", type=float, default=0.7)
+    ap.add_argument("--no-speculative-default", action="store_true")
+    ap.add_argument("--model", default="stub-model")
+    ap.add_argument("--metrics", choices=["spectest", "vllm", "sglang"], default="spectest")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    if a.ttft_ms < 0 or a.itl_ms < 0 or a.spec_k < 0 or not 0 <= a.accept_prob <= 1:
+        print("stub: delays and --spec-k must be >= 0 and --accept-prob in [0, 1]", file=sys.stderr)
+        return 2
+    cfg = StubConfig(ttft_s=a.ttft_ms / 1e3, itl_s=a.itl_ms / 1e3, output_tokens=a.output_tokens,
+                     spec_k=a.spec_k, accept_prob=a.accept_prob,
+                     speculative_default=not a.no_speculative_default, model=a.model,
+                     metrics=a.metrics, seed=a.seed)
+    try:
+        asyncio.run(_serve_forever(StubServer(cfg), a.host, a.port))
+    except KeyboardInterrupt:
+        pass
+    except OSError as e:
+        print(f"stub: cannot listen on {a.host}:{a.port}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

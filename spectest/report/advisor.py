@@ -1,0 +1,244 @@
+"""The K advisor: which draft length K to run at each concurrency, and the speedup to expect.
+
+From a sweep it takes, per workload:
+
+* **acceptance per position** p_i = P(at least i+1 drafts accepted) (vLLM's
+  Δaccepted_per_pos[i] / Δdrafts), pooled over the speculative steps weighted by drafts, and
+  continued geometrically past the K that was run (ratio p_{K−1}/p_{K−2});
+* **costs per concurrency c** as multiples of one plain target step T0(c) (the baseline arm's
+  round): a speculative round at the K that ran costs R(c) = draft + verify, i.e.
+  R/T0 = 1 + c_eff·K, so c_eff(c) is the overhead per draft token *at that load* (drafting plus
+  the extra verify work, which grows with batch × K). From engine round timings when the server
+  exposes ``spec_decode_{draft,verify}_time_seconds``, else from client TPOT:
+  R/T0 ≈ TPOT_spec · E[tokens per round] / TPOT_base.
+
+and predicts the speedup with the seeds' formula, generalised from one α to per-position
+acceptance and with c measured per load:
+
+    speedup(K, c) = E_K / (1 + c_eff(c) · K),   E_K = 1 + Σ_{i<K} p_i
+
+(with p_i = α^{i+1} this is exactly (1 − α^{K+1}) / ((1 − α)(1 + cK))). Costs are assumed
+linear in K around the K that ran. K = 0 (speculation off) has speedup 1, so the advisor says
+"off" where nothing beats it. ``profile_json`` writes the result in the format of
+``spectest.engine.policies.Profile`` so ``spectest serve --k-policy goodput --profile`` can run
+the recommendation (the sweep's ``--validate-k``).
+
+This module reads the step table only; it imports no engine code (no torch).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+K_MAX = 8
+MAX_CONTINUATION = 0.95  # a geometric continuation never assumes a better rate than this
+
+
+def seeds_speedup(alpha: float, c: float, k: int) -> float:
+    """The seeds' formula: (1 − α^{K+1}) / ((1 − α)(1 + cK))."""
+    if alpha >= 1.0:
+        return (k + 1) / (1 + c * k)
+    return (1 - alpha ** (k + 1)) / ((1 - alpha) * (1 + c * k))
+
+
+def expected_tokens(p: tuple[float, ...], k: int) -> float:
+    """E[tokens per round] at K = k: 1 + Σ_{i<k} P(at least i+1 accepted)."""
+    return 1.0 + float(sum(p[:k]))
+
+
+def predict(p: tuple[float, ...], c_eff: float, k: int) -> float:
+    return expected_tokens(p, k) / (1 + c_eff * k)
+
+
+def extend(p: tuple[float, ...], k_max: int) -> tuple[float, ...]:
+    """Per-position acceptance up to ``k_max``, continued geometrically past what was measured."""
+    p = tuple(max(0.0, min(1.0, float(x))) for x in p)
+    if not p:
+        return (0.0,) * k_max
+    if len(p) >= 2 and p[-2] > 0:
+        q = p[-1] / p[-2]
+    else:
+        q = p[0]
+    q = min(MAX_CONTINUATION, max(0.0, q))
+    out = list(p[:k_max])
+    while len(out) < k_max:
+        out.append(out[-1] * q)
+    return tuple(out)
+
+
+def _ok(v) -> bool:
+    try:
+        return v is not None and math.isfinite(float(v))
+    except (TypeError, ValueError):
+        return False
+
+
+def _positions(table: pd.DataFrame) -> list[str]:
+    cols = [c for c in table.columns if c.startswith("acceptance_pos_")]
+    return sorted(cols, key=lambda c: int(c.rsplit("_", 1)[1]))
+
+
+def k_run(table: pd.DataFrame, workload: str | None = None, arm: str = "spec") -> int | None:
+    """The K the speculative arm ran (the server's gauge; the most frequent value)."""
+    t = table[table.arm == arm]
+    if workload is not None:
+        t = t[t.workload == workload]
+    ks = t["k"].dropna() if "k" in t else pd.Series(dtype=float)
+    ks = ks[ks > 0]
+    return int(ks.mode().iloc[0]) if len(ks) else None
+
+
+def position_acceptance(table: pd.DataFrame, workload: str | None = None,
+                        arm: str = "spec") -> tuple[float, ...]:
+    """Drafts-weighted per-position acceptance over the arm's steps (positions < K run)."""
+    t = table[table.arm == arm]
+    if workload is not None:
+        t = t[t.workload == workload]
+    cols = _positions(t)
+    if t.empty or not cols:
+        return ()
+    w = t["drafts"].fillna(0).astype(float).to_numpy() if "drafts" in t else np.ones(len(t))
+    vals = t[cols].astype(float).to_numpy()
+    keep = ~np.isnan(vals).all(axis=1) & (w > 0)
+    if not keep.any():
+        return ()
+    p = np.nansum(vals[keep] * w[keep, None], axis=0) / w[keep].sum()
+    k = k_run(table, workload, arm)
+    if k:
+        p = p[:k]
+    else:
+        nz = np.flatnonzero(p > 0)
+        p = p[:nz[-1] + 1] if len(nz) else p[:0]
+    return tuple(float(x) for x in p)
+
+
+@dataclass(frozen=True)
+class Costs:
+    concurrency: float
+    k: int
+    target_ms: float  # T0: one round without drafts (baseline arm), or baseline TPOT
+    round_ms: float  # R: one speculative round at K = k, or its client-side estimate
+    draft_ms: float | None
+    verify_ms: float | None
+    source: str  # "engine rounds" | "client TPOT"
+
+    @property
+    def c_eff(self) -> float:
+        """Overhead per draft token in units of a target step: (R/T0 − 1) / K."""
+        return max(0.0, (self.round_ms / self.target_ms - 1) / self.k)
+
+
+def costs(table: pd.DataFrame, workload: str, k: int) -> list[Costs]:
+    """Costs per concurrency where both arms were measured."""
+    t = table[table.workload == workload]
+    s = t[t.arm == "spec"].set_index("concurrency")
+    b = t[t.arm == "base"].set_index("concurrency")
+    out = []
+    for c in sorted(set(s.index) & set(b.index)):
+        rs, rb = s.loc[c], b.loc[c]
+        d, v, v0 = rs.get("draft_ms_per_round"), rs.get("verify_ms_per_round"), \
+            rb.get("verify_ms_per_round")
+        if _ok(d) and _ok(v) and _ok(v0) and float(v0) > 0:
+            out.append(Costs(float(c), k, float(v0), float(d) + float(v), float(d), float(v),
+                             "engine rounds"))
+            continue
+        ts, tb, e = rs.get("tpot_p50_ms"), rb.get("tpot_p50_ms"), rs.get("mean_accepted_length")
+        if _ok(ts) and _ok(tb) and _ok(e) and float(tb) > 0:
+            out.append(Costs(float(c), k, float(tb), float(ts) * float(e), None, None,
+                             "client TPOT"))
+    return out
+
+
+@dataclass(frozen=True)
+class Advice:
+    workload: str
+    concurrency: float
+    k_run: int
+    c_eff: float
+    source: str
+    best_k: int
+    predicted_best: float  # predicted speedup at best_k
+    predicted_at_run: float  # predicted speedup at the K that ran
+    measured_at_run: float | None  # base TPOT p50 / spec TPOT p50
+    validated_k: float | None = None  # mean K the validation arm ran (if any)
+    validated: float | None = None  # base TPOT p50 / spec-advised TPOT p50
+    curve: tuple[float, ...] = field(default_factory=tuple)  # predicted speedup for K = 0…k_max
+
+
+def advise(table: pd.DataFrame, workload: str, k_max: int = K_MAX) -> list[Advice]:
+    """One Advice per concurrency with both arms measured (empty when K or acceptance unknown)."""
+    k = k_run(table, workload)
+    p = position_acceptance(table, workload)
+    if not k or not p:
+        return []
+    p = extend(p, k_max)
+    t = table[table.workload == workload]
+    out = []
+    for cost in costs(table, workload, k):
+        curve = tuple(predict(p, cost.c_eff, kk) for kk in range(k_max + 1))
+        best = int(np.argmax(curve))
+        s = t[(t.arm == "spec") & (t.concurrency == cost.concurrency)].iloc[0]
+        b = t[(t.arm == "base") & (t.concurrency == cost.concurrency)].iloc[0]
+        measured = (float(b.tpot_p50_ms) / float(s.tpot_p50_ms)
+                    if _ok(b.tpot_p50_ms) and _ok(s.tpot_p50_ms) and s.tpot_p50_ms > 0 else None)
+        v = t[(t.arm == "spec-advised") & (t.concurrency == cost.concurrency)]
+        validated = vk = None
+        if len(v) and _ok(v.iloc[0].tpot_p50_ms) and _ok(b.tpot_p50_ms):
+            validated = float(b.tpot_p50_ms) / float(v.iloc[0].tpot_p50_ms)
+            vk = float(v.iloc[0].k) if _ok(v.iloc[0].get("k")) else None
+        out.append(Advice(workload, cost.concurrency, k, cost.c_eff, cost.source, best,
+                          curve[best], curve[k], measured, vk, validated, curve))
+    return out
+
+
+def advice_frame(advice: list[Advice]) -> pd.DataFrame:
+    """The advice as a table (``k_advice.csv``)."""
+    rows = [{"workload": a.workload, "concurrency": a.concurrency, "k_run": a.k_run,
+             "c_eff": round(a.c_eff, 4), "cost_source": a.source, "best_k": a.best_k,
+             "predicted_speedup_best_k": round(a.predicted_best, 4),
+             "predicted_speedup_k_run": round(a.predicted_at_run, 4),
+             "measured_speedup_k_run": None if a.measured_at_run is None
+             else round(a.measured_at_run, 4),
+             "validated_k": a.validated_k,
+             "validated_speedup": None if a.validated is None else round(a.validated, 4)}
+            for a in advice]
+    return pd.DataFrame(rows)
+
+
+def profile_json(table: pd.DataFrame, workloads: list[str] | None = None,
+                 k_max: int = K_MAX) -> dict | None:
+    """A ``Profile`` (engine/policies.py format) from the sweep, pooled over ``workloads``.
+
+    ``step_seconds[c][k]`` = T0(c)·(1 + c_eff(c)·k) for k = 0…k_max (round time at batch ≈ c),
+    ``accept_at_least`` = pooled per-position acceptance, continued to k_max. None when the
+    sweep lacks acceptance or costs.
+    """
+    t = table if workloads is None else table[table.workload.isin(workloads)]
+    k = k_run(t)
+    p = position_acceptance(t)
+    if not k or not p:
+        return None
+    by_c: dict[float, list[Costs]] = {}
+    for w in dict.fromkeys(t.workload):
+        for cost in costs(t, w, k):
+            by_c.setdefault(cost.concurrency, []).append(cost)
+    if not by_c:
+        return None
+    steps = {}
+    for c, cs in sorted(by_c.items()):
+        t0 = float(np.mean([x.target_ms for x in cs])) / 1e3
+        ce = float(np.mean([x.c_eff for x in cs]))
+        steps[str(int(round(c)))] = {str(kk): t0 * (1 + ce * kk) for kk in range(k_max + 1)}
+    return {"step_seconds": steps, "accept_at_least": list(extend(p, k_max)),
+            "meta": {"source": "spectest sweep K advisor", "k_run": k,
+                     "workloads": list(dict.fromkeys(t.workload)),
+                     "cost_source": sorted({x.source for v in by_c.values() for x in v})}}
+
+
+def profile_text(profile: dict) -> str:
+    return json.dumps(profile, indent=2) + "\n"

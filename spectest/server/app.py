@@ -1,0 +1,344 @@
+"""The OpenAI-compatible HTTP server in front of the speculative engine.
+
+Owns: routes (``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``, ``/health``,
+``/metrics``), SSE streaming, request → engine translation (tokenizing, chat template, limits),
+the per-response ``spec`` object, the ``X-Spectest-Workload`` label, API-key auth, W3C trace
+context, client-disconnect cancellation and graceful drain on shutdown.
+
+Does not know: how the engine drafts or verifies. It submits :class:`GenerationRequest`s to a
+running :class:`SpecEngine` (its own thread) and receives outputs through a thread-safe
+callback into an ``asyncio.Queue`` per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+from aiohttp import web
+from opentelemetry.propagate import extract
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, generate_latest
+from pydantic import ValidationError
+
+from spectest.engine.engine import SpecEngine
+from spectest.engine.requests import (CapacityError, EngineError, GenerationRequest,
+                                      QueueFullError, RequestOutput)
+from spectest.engine.tokenizer import ChatTemplateError
+from spectest.server import responses as R
+from spectest.server.errors import APIError, error_middleware, validation_error
+from spectest.server.schemas import ChatCompletionRequest, CompletionRequest
+from spectest.telemetry import tracing as T
+from spectest.telemetry.metrics import ServingMetrics
+
+log = logging.getLogger("spectest.server")
+WORKLOAD_HEADER = "X-Spectest-Workload"
+MAX_BODY = 4 * 1024 * 1024
+DEFAULT_MAX_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model_name: str
+    api_key: str | None = None
+    trace_content: bool = False
+    drain_seconds: float = 10.0
+    retry_after_seconds: int = 1
+
+
+class Server:
+    def __init__(self, engine: SpecEngine, config: ServerConfig, registry: CollectorRegistry,
+                 tracer_provider: TracerProvider | None = None):
+        self.engine, self.config, self.registry = engine, config, registry
+        self.metrics = ServingMetrics(registry, config.model_name, engine.drafter.name)
+        engine.add_observer(self.metrics.observe_round)
+        self.provider = tracer_provider
+        self.tracer = tracer_provider.get_tracer("spectest.server") if tracer_provider else None
+        self.round_tracer = None
+        if tracer_provider is not None:
+            self.round_tracer = T.RoundTracer(tracer_provider)
+            engine.add_observer(self.round_tracer)
+        self.active = 0
+        self.draining = False
+        self.created = int(time.time())
+
+    # --- app ---------------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY,
+                              middlewares=[error_middleware(self.metrics.observe_error)])
+        app.add_routes([
+            web.get("/health", self.health),
+            web.get("/metrics", self.metrics_endpoint),
+            web.get("/v1/models", self.models),
+            web.post("/v1/completions", self.completions),
+            web.post("/v1/chat/completions", self.chat_completions),
+        ])
+        app.on_startup.append(self._start)
+        app.on_shutdown.append(self._drain)
+        app.on_cleanup.append(self._stop)
+        return app
+
+    async def _start(self, app):
+        if self.engine._thread is None:
+            self.engine.start()
+
+    async def _drain(self, app):
+        """Refuse new work; let in-flight requests finish for up to ``drain_seconds``, then
+        stop the engine so that the rest end with an error event (streams) or a 503 — not
+        with a connection cut mid-stream when aiohttp's shutdown timeout cancels them."""
+        self.draining = True
+        deadline = time.monotonic() + self.config.drain_seconds
+        while self.active and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self.active:
+            await asyncio.to_thread(self.engine.stop)  # aborts what is left, with an error
+            deadline = time.monotonic() + 2.0
+            while self.active and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+
+    async def _stop(self, app):
+        await asyncio.to_thread(self.engine.stop)
+        if self.provider is not None:
+            self.provider.shutdown()
+
+    # --- small endpoints ---------------------------------------------------------------------
+    async def health(self, request):
+        status = "draining" if self.draining else "ok"
+        return web.json_response({"status": status}, status=503 if self.draining else 200)
+
+    async def metrics_endpoint(self, request):
+        running, waiting = self.engine.scheduler.counts()
+        self.metrics.set_load(running, waiting, self.engine.kv_usage())
+        # Always the 0.0.4 text format: prometheus_client's OpenMetrics output rewrites the
+        # colons of ``spectest:`` names (prometheus/client_python#1177).
+        return web.Response(body=generate_latest(self.registry),
+                            headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4})
+
+    async def models(self, request):
+        self._auth(request)
+        return web.json_response({"object": "list", "data": [{
+            "id": self.config.model_name, "object": "model", "created": self.created,
+            "owned_by": "spectest", "max_model_len": self.engine.config.scheduler.max_model_len,
+            "drafter": self.engine.drafter.name}]})
+
+    # --- generation --------------------------------------------------------------------------
+    async def completions(self, request):
+        body = await self._parse(request, CompletionRequest)
+        tok = self.engine.tokenizer
+        prompt = body.prompt_value()
+        if isinstance(prompt, str):
+            ids = tok.encode(prompt)
+        else:
+            bad = [i for i in prompt if not 0 <= i < tok.vocab_size]
+            if bad:
+                raise APIError(400, f"prompt: token id {bad[0]} is outside the vocabulary "
+                               f"(0..{tok.vocab_size - 1})", "invalid_token", "prompt")
+            ids = list(prompt)
+        if not ids:
+            raise APIError(400, "prompt: encodes to zero tokens", "invalid_request", "prompt")
+        want_lp = body.logprobs is not None
+        gen = self._request(request, body, ids, body.max_tokens, logprobs=body.logprobs,
+                            prompt_logprobs=body.echo and want_lp)
+        fmt = R.CompletionFormat(tok, self.config.model_name, body, ids, self.engine.drafter.name)
+        return await self._respond(request, body, gen, fmt, "text_completion")
+
+    async def chat_completions(self, request):
+        body = await self._parse(request, ChatCompletionRequest)
+        tok = self.engine.tokenizer
+        try:
+            text = tok.apply_chat_template(body.chat_messages(), add_generation_prompt=True)
+        except ChatTemplateError as exc:
+            raise APIError(400, f"messages: {exc}", "invalid_request", "messages") from None
+        ids = tok.encode(text)
+        max_tokens = body.wanted_tokens(0) or None
+        gen = self._request(request, body, ids, max_tokens,
+                            logprobs=(body.top_logprobs or 0) if body.logprobs else None)
+        fmt = R.ChatFormat(tok, self.config.model_name, body, self.engine.drafter.name)
+        return await self._respond(request, body, gen, fmt, "chat")
+
+    # --- helpers -----------------------------------------------------------------------------
+    def _auth(self, request):
+        key = self.config.api_key
+        if key and not hmac.compare_digest(  # constant time: no key guessing by timing
+                request.headers.get("Authorization", "").encode("utf-8", "surrogatepass"),
+                f"Bearer {key}".encode("utf-8", "surrogatepass")):
+            raise APIError(401, "missing or invalid API key (Authorization: Bearer <key>)",
+                           "invalid_api_key")
+
+    async def _parse(self, request, model):
+        self._auth(request)
+        if self.draining:
+            raise APIError(503, "server is shutting down", "shutting_down")
+        try:
+            raw = await request.read()
+            data = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise APIError(400, "request body is not valid JSON", "invalid_json") from None
+        except RecursionError:  # "[[[[…" nested deeper than the decoder's stack allows
+            raise APIError(400, "request body is nested too deeply", "invalid_json") from None
+        if not isinstance(data, dict):
+            raise APIError(400, "request body must be a JSON object", "invalid_json")
+        try:
+            body = model.model_validate(data)
+        except ValidationError as exc:
+            raise validation_error(exc) from None
+        if body.model != self.config.model_name:
+            raise APIError(404, f"model {body.model!r} does not exist; this server serves "
+                           f"{self.config.model_name!r}", "model_not_found", "model")
+        return body
+
+    def _request(self, request, body, ids, max_tokens, logprobs=None, prompt_logprobs=False):
+        sched = self.engine.config.scheduler
+        room = sched.max_model_len - len(ids) - sched.spec_slots
+        if max_tokens is None:
+            max_tokens = max(1, min(DEFAULT_MAX_TOKENS, room))
+        if len(ids) + max_tokens + sched.spec_slots > sched.max_model_len:
+            raise APIError(400, f"this model's maximum context length is {sched.max_model_len}"
+                           f" tokens; the prompt has {len(ids)} and max_tokens is {max_tokens} "
+                           f"(+{sched.spec_slots} reserved for speculation)",
+                           "context_length_exceeded", "max_tokens" if len(ids) < room
+                           else "prompt")
+        tag = request.headers.get(WORKLOAD_HEADER, "none").strip().lower()
+        speculative = True if body.speculative is None else body.speculative
+        return GenerationRequest(
+            request_id=f"{'chatcmpl' if isinstance(body, ChatCompletionRequest) else 'cmpl'}-"
+                       f"{uuid.uuid4().hex}", prompt_ids=tuple(ids),
+            params=body.sampling(max_tokens), speculative=speculative, logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs, tag=self.metrics.workload_of(tag) if tag != "none"
+            else "none")
+
+    def _span(self, request, body, gen, operation):
+        if self.tracer is None:
+            return None
+        attrs = {T.OPERATION: operation, T.REQUEST_MODEL: body.model,
+                 T.TEMPERATURE: body.temperature, T.TOP_P: body.top_p, T.TOP_K: body.top_k,
+                 T.MAX_TOKENS: gen.params.max_tokens, T.RESPONSE_ID: gen.request_id,
+                 "spectest.speculative": gen.speculative, "spectest.workload": gen.tag,
+                 "spectest.drafter": self.engine.drafter.name, "server.port":
+                 request.url.port or 0}
+        if body.seed is not None:
+            attrs[T.SEED] = body.seed
+        if self.config.trace_content:
+            attrs["gen_ai.input.messages"] = json.dumps(
+                body.chat_messages() if operation == "chat" else body.prompt_value())
+        span = self.tracer.start_span(f"{operation} {body.model}", kind=SpanKind.SERVER,
+                                      context=extract(request.headers), attributes=attrs)
+        self.round_tracer.register(gen.request_id, span)
+        return span
+
+    async def _respond(self, request, body, gen: GenerationRequest, fmt, operation):
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        span = self._span(request, body, gen, operation)
+        abandoned = False  # the client went away: the engine's last word still goes to metrics
+
+        def deliver(out: RequestOutput) -> None:  # on the loop, called from the engine thread
+            if not abandoned:
+                queue.put_nowait(out)
+            elif out.finished:
+                self._finish_metrics(gen, out)
+
+        try:
+            self.engine.submit(gen, lambda out: loop.call_soon_threadsafe(deliver, out))
+        except QueueFullError as exc:
+            self._end_span(span, gen, None, error=str(exc))
+            raise APIError(429, f"server over capacity: {exc}", "over_capacity",
+                           headers={"Retry-After": str(self.config.retry_after_seconds)})
+        except (CapacityError, EngineError) as exc:
+            self._end_span(span, gen, None, error=str(exc))
+            raise APIError(400, str(exc), "context_length_exceeded", "prompt") from None
+        self.active += 1
+        finished = None
+        try:
+            if body.stream:
+                finished = await self._stream(request, body, gen, fmt, queue)
+                return finished[1]
+            outputs, last_token_at = [], None
+            while True:
+                out = await queue.get()
+                outputs.append(out)
+                last_token_at = self._gap(gen, out, last_token_at)
+                if out.finished:
+                    break
+            finished = (out, None)
+            self._finish_metrics(gen, out)
+            if out.error:
+                raise APIError(500 if out.finish_reason == "error" else 503, out.error,
+                               "engine_error")
+            return web.json_response(fmt.full(gen.request_id, outputs))
+        finally:
+            self.active -= 1
+            if finished is None:  # client went away or we were cancelled: free the slot now
+                abandoned = True
+                while not queue.empty():  # a final output may already be here, unread
+                    out = queue.get_nowait()
+                    if out.finished:
+                        self._finish_metrics(gen, out)
+                self.engine.cancel(gen.request_id)
+            self._end_span(span, gen, finished[0] if finished else None)
+
+    def _gap(self, gen, out, last_token_at):
+        if not out.token_ids:
+            return last_token_at
+        now = time.perf_counter()
+        if last_token_at is not None:
+            self.metrics.observe_token_gap(gen.tag, now - last_token_at)
+        return now
+
+    async def _stream(self, request, body, gen, fmt, queue):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache",
+                                           "X-Request-Id": gen.request_id})
+        await resp.prepare(request)
+        include_usage = body.include_usage()
+        last_token_at = None
+        for chunk in fmt.stream_start(gen.request_id):
+            await resp.write(R.sse(chunk))
+        while True:
+            out = await queue.get()
+            last_token_at = self._gap(gen, out, last_token_at)
+            if out.finished:
+                self._finish_metrics(gen, out)
+            if out.error:
+                await resp.write(R.sse({"error": {"message": out.error, "type": "server_error",
+                                                  "code": out.finish_reason}}))
+                await resp.write(b"data: [DONE]\n\n")
+                return out, resp
+            for chunk in fmt.stream_chunks(gen.request_id, out, include_usage):
+                await resp.write(R.sse(chunk))
+            if out.finished:
+                await resp.write(b"data: [DONE]\n\n")
+                await resp.write_eof()
+                return out, resp
+
+    def _finish_metrics(self, gen, out: RequestOutput):
+        if out.stats is None:
+            return
+        if out.stats.completion_tokens:
+            self.metrics.observe_first_token(gen.tag, out.stats.ttft)
+        self.metrics.observe_request(gen.tag, out.stats, out.finish_reason or "error")
+
+    def _end_span(self, span, gen, out: RequestOutput | None, error: str | None = None):
+        if span is None:
+            return
+        if self.round_tracer is not None:
+            self.round_tracer.unregister(gen.request_id)
+        if out is not None and out.stats is not None:
+            span.set_attribute(T.INPUT_TOKENS, out.stats.prompt_tokens)
+            span.set_attribute(T.OUTPUT_TOKENS, out.stats.completion_tokens)
+            span.set_attribute(T.FINISH_REASONS, [out.finish_reason or "error"])
+            span.set_attribute("spectest.spec.drafts", out.stats.drafts)
+            span.set_attribute("spectest.spec.draft_tokens", out.stats.draft_tokens)
+            span.set_attribute("spectest.spec.accepted_tokens", out.stats.accepted_tokens)
+        elif out is None:
+            error = error or "client disconnected"
+        if error or (out is not None and out.error):
+            span.set_status(Status(StatusCode.ERROR, error or out.error))
+        span.end()
+

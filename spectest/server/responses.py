@@ -1,0 +1,184 @@
+"""OpenAI response bodies and SSE chunks for completions and chat completions.
+
+Owns: turning the engine's :class:`RequestOutput` deltas into OpenAI JSON — non-streaming
+bodies, streaming chunks (one chunk per engine round, so a chunk may carry several tokens under
+speculation), ``logprobs`` in both APIs' shapes (with ``echo`` prompt scoring for completions),
+``usage`` and spectest's per-response ``spec`` object.
+
+Does not know: HTTP or the engine's internals.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from spectest.engine.requests import RequestOutput, RequestStats, TokenLogprob
+
+
+def sse(obj: dict) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+def spec_object(stats: RequestStats | None, drafter: str) -> dict | None:
+    if stats is None:
+        return None
+    return {"drafts": stats.drafts, "draft_tokens": stats.draft_tokens,
+            "accepted_tokens": stats.accepted_tokens,
+            "mean_accepted_length": stats.mean_accepted_length,
+            "acceptance_rate": (stats.accepted_tokens / stats.draft_tokens
+                                if stats.draft_tokens else None),
+            "accepted_per_position": list(stats.accepted_per_pos),
+            "speculative": stats.speculative, "drafter": drafter}
+
+
+def usage(stats: RequestStats | None) -> dict | None:
+    if stats is None:
+        return None
+    return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.completion_tokens,
+            "total_tokens": stats.prompt_tokens + stats.completion_tokens}
+
+
+class _Format:
+    object_full = ""
+    object_chunk = ""
+
+    def __init__(self, tokenizer, model: str, body):
+        self.tok, self.model, self.body = tokenizer, model, body
+        self.created = int(time.time())
+        self.as_ids = bool(getattr(body, "return_tokens_as_token_ids", False))
+
+    def token_str(self, token_id: int) -> str:
+        return f"token_id:{token_id}" if self.as_ids else self.tok.token_text(token_id)
+
+    def envelope(self, rid: str, obj: str, choices: list, **extra) -> dict:
+        out = {"id": rid, "object": obj, "created": self.created, "model": self.model,
+               "choices": choices}
+        out.update({k: v for k, v in extra.items() if v is not None})
+        return out
+
+    def final_chunks(self, rid: str, out: RequestOutput, include_usage: bool) -> list[dict]:
+        spec = spec_object(out.stats, self.drafter_name)
+        chunks = []
+        if include_usage:
+            chunks.append(self.envelope(rid, self.object_chunk, [], usage=usage(out.stats),
+                                        spec=spec))
+        return chunks
+
+
+class CompletionFormat(_Format):
+    object_full = "text_completion"
+    object_chunk = "text_completion"
+
+    def __init__(self, tokenizer, model, body, prompt_ids, drafter_name: str = ""):
+        super().__init__(tokenizer, model, body)
+        self.prompt_ids = prompt_ids
+        self.drafter_name = drafter_name
+        self.offset = 0
+
+    def _logprobs(self, lps: tuple[TokenLogprob | None, ...], ids) -> dict:
+        tokens, token_lps, tops, offsets = [], [], [], []
+        for tid, lp in zip(ids, lps):
+            text = self.token_str(tid)
+            tokens.append(text)
+            offsets.append(self.offset)
+            self.offset += len(self.tok.token_text(tid))
+            token_lps.append(None if lp is None else lp.logprob)
+            tops.append(None if lp is None else {self.token_str(t): v for t, v in lp.top})
+        return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops,
+                "text_offset": offsets}
+
+    def _merge(self, parts: list[dict]) -> dict | None:
+        if not parts:
+            return None
+        return {k: [x for p in parts for x in p[k]] for k in parts[0]}
+
+    def _choice_logprobs(self, out: RequestOutput) -> list[dict]:
+        parts = []
+        if out.prompt_logprobs is not None:
+            parts.append(self._logprobs(out.prompt_logprobs, self.prompt_ids))
+        if out.logprobs is not None:
+            parts.append(self._logprobs(out.logprobs, out.token_ids))
+        return parts
+
+    def full(self, rid: str, outputs: list[RequestOutput]) -> dict:
+        last = outputs[-1]
+        text = "".join(o.text for o in outputs)
+        if self.body.echo:
+            text = self.tok.decode(self.prompt_ids, skip_special_tokens=False) + text
+        parts = [p for o in outputs for p in self._choice_logprobs(o)]
+        choice = {"index": 0, "text": text,
+                  "logprobs": self._merge(parts) if self.body.logprobs is not None else None,
+                  "finish_reason": last.finish_reason}
+        return self.envelope(rid, self.object_full, [choice], usage=usage(last.stats),
+                             spec=spec_object(last.stats, self.drafter_name))
+
+    def stream_start(self, rid: str) -> list[dict]:
+        return []  # with echo, the prompt text goes out with the first engine output
+
+    def stream_chunks(self, rid: str, out: RequestOutput, include_usage: bool) -> list[dict]:
+        text = out.text
+        if self.body.echo and out.prompt_logprobs is not None:
+            text = self.tok.decode(self.prompt_ids, skip_special_tokens=False) + text
+        parts = self._choice_logprobs(out)
+        chunks = []
+        if text or out.token_ids or out.finished or parts:
+            choice = {"index": 0, "text": text,
+                      "logprobs": self._merge(parts) if self.body.logprobs is not None else None,
+                      "finish_reason": out.finish_reason if out.finished else None}
+            chunks.append(self.envelope(
+                rid, self.object_chunk, [choice],
+                spec=spec_object(out.stats, self.drafter_name) if out.finished else None))
+        if out.finished:
+            chunks += self.final_chunks(rid, out, include_usage)
+        return chunks
+
+
+class ChatFormat(_Format):
+    object_full = "chat.completion"
+    object_chunk = "chat.completion.chunk"
+
+    def __init__(self, tokenizer, model, body, drafter_name: str = ""):
+        super().__init__(tokenizer, model, body)
+        self.drafter_name = drafter_name
+
+    def _content(self, out: RequestOutput) -> list[dict]:
+        items = []
+        for tid, lp in zip(out.token_ids, out.logprobs or ()):
+            text = self.token_str(tid)
+            items.append({"token": text, "logprob": lp.logprob,
+                          "bytes": list(self.tok.token_text(tid).encode()),
+                          "top_logprobs": [{"token": self.token_str(t), "logprob": v,
+                                            "bytes": list(self.tok.token_text(t).encode())}
+                                           for t, v in lp.top]})
+        return items
+
+    def full(self, rid: str, outputs: list[RequestOutput]) -> dict:
+        last = outputs[-1]
+        logprobs = None
+        if self.body.logprobs:
+            logprobs = {"content": [c for o in outputs for c in self._content(o)]}
+        choice = {"index": 0, "message": {"role": "assistant",
+                                          "content": "".join(o.text for o in outputs)},
+                  "logprobs": logprobs, "finish_reason": last.finish_reason}
+        return self.envelope(rid, self.object_full, [choice], usage=usage(last.stats),
+                             spec=spec_object(last.stats, self.drafter_name))
+
+    def stream_start(self, rid: str) -> list[dict]:
+        return [self.envelope(rid, self.object_chunk, [
+            {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+             "finish_reason": None}])]
+
+    def stream_chunks(self, rid: str, out: RequestOutput, include_usage: bool) -> list[dict]:
+        chunks = []
+        if out.text or out.token_ids or out.finished:
+            delta = {"content": out.text} if (out.text or out.token_ids) else {}
+            logprobs = {"content": self._content(out)} if self.body.logprobs else None
+            chunks.append(self.envelope(
+                rid, self.object_chunk,
+                [{"index": 0, "delta": delta, "logprobs": logprobs,
+                  "finish_reason": out.finish_reason if out.finished else None}],
+                spec=spec_object(out.stats, self.drafter_name) if out.finished else None))
+        if out.finished:
+            chunks += self.final_chunks(rid, out, include_usage)
+        return chunks

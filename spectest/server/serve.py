@@ -1,0 +1,121 @@
+"""``spectest serve``: build the engine from CLI settings and run the HTTP server until a signal.
+
+Owns: the serve command's arguments, the start-up line, signal handling (SIGINT/SIGTERM →
+stop listening, drain in-flight requests, stop the engine, flush traces).
+
+Does not know: request handling (``server.app``) or engine internals (``engine.api``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+import torch
+from aiohttp import web
+from prometheus_client import CollectorRegistry, disable_created_metrics
+
+from spectest.engine.api import DRAFTERS, build_engine, resolve_model_path
+from spectest.engine.engine import FAULTS
+from spectest.engine.policies import make_policy
+from spectest.server.app import Server, ServerConfig
+from spectest.telemetry.tracing import build_tracer_provider
+
+EMBEDDED_NAME = "spectest-demo"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--model", default="embedded",
+                   help="target: 'embedded', a HF checkpoint directory or a .gguf file")
+    p.add_argument("--draft", default="embedded-draft",
+                   help="draft checkpoint for --drafter draft-model (same tokenizer)")
+    p.add_argument("--drafter", choices=DRAFTERS, default="draft-model")
+    p.add_argument("--served-model-name", default=None,
+                   help="the model id clients send (default: spectest-demo or the dir name)")
+    p.add_argument("--k", type=int, default=4, help="draft length (initial K for adaptive)")
+    p.add_argument("--k-policy", choices=["fixed", "adaptive", "confidence", "goodput"],
+                   default="fixed")
+    p.add_argument("--k-min", type=int, default=1)
+    p.add_argument("--k-max", type=int, default=8)
+    p.add_argument("--confidence-threshold", type=float, default=0.5)
+    p.add_argument("--profile", type=Path, default=None,
+                   help="profile JSON from `spectest profile` (goodput policy)")
+    p.add_argument("--disable-above", type=int, default=None,
+                   help="no speculation when more than N requests are running")
+    p.add_argument("--ngram-max", type=int, default=4)
+    p.add_argument("--ngram-min", type=int, default=1)
+    p.add_argument("--max-num-seqs", type=int, default=8)
+    p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--max-waiting", type=int, default=64,
+                   help="queue bound; beyond it requests get 429 with Retry-After")
+    p.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY")
+    p.add_argument("--trace-file", type=Path, default=None,
+                   help="write OpenTelemetry spans as JSON lines to this file")
+    p.add_argument("--trace-content", action="store_true",
+                   help="put prompt text in span attributes (off by default)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--drain-seconds", type=float, default=10.0)
+    p.add_argument("--inject-fault", action="append", default=[], choices=sorted(FAULTS),
+                   help=argparse.SUPPRESS)
+    p.add_argument("--i-understand-faults-break-correctness", action="store_true",
+                   help=argparse.SUPPRESS)
+
+
+def build_server(args) -> Server:
+    if args.inject_fault and not args.i_understand_faults_break_correctness:
+        raise ValueError("--inject-fault needs --i-understand-faults-break-correctness "
+                         "(faults exist only to test the auditor)")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    disable_created_metrics()  # no *_created series: they double the scrape for nothing
+    policy = make_policy(args.k_policy, k=args.k, k_min=args.k_min, k_max=args.k_max,
+                         threshold=args.confidence_threshold, profile=args.profile,
+                         disable_above=args.disable_above)
+    engine = build_engine(args.model, args.draft, args.drafter, policy,
+                          max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                          max_waiting=args.max_waiting, faults=frozenset(args.inject_fault),
+                          ngram_max=args.ngram_max, ngram_min=args.ngram_min)
+    name = args.served_model_name or (EMBEDDED_NAME if args.model == "embedded"
+                                      else resolve_model_path(args.model).stem)
+    provider = build_tracer_provider("spectest", args.trace_file)
+    return Server(engine, ServerConfig(name, args.api_key, args.trace_content,
+                                       args.drain_seconds), CollectorRegistry(), provider)
+
+
+async def _run(server: Server, host: str, port: int, describe: str) -> None:
+    runner = web.AppRunner(server.app(), handler_cancellation=True,
+                           shutdown_timeout=server.config.drain_seconds + 1)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = site._server.sockets[0].getsockname()[1] if site._server else port
+    print(f"spectest serving {server.config.model_name!r} ({describe}) at "
+          f"http://{host}:{bound}  — OpenAI API under /v1, metrics at /metrics", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    print("spectest: shutting down, draining in-flight requests", flush=True)
+    await runner.cleanup()
+    print("spectest: stopped", flush=True)
+
+
+def main(args) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    server = build_server(args)
+    engine = server.engine
+    describe = f"drafter {engine.drafter.name}, K policy {engine.policy.name}"
+    try:
+        asyncio.run(_run(server, args.host, args.port, describe))
+    except OSError as exc:
+        print(f"spectest serve: cannot listen on {args.host}:{args.port}: {exc.strerror}",
+              file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,217 @@
+"""The options of ``spectest sweep``: kebab-case flags in, one validated frozen config out.
+
+``add_arguments`` declares the flags; ``SweepConfig.from_args`` checks them and raises
+``ConfigError`` (one readable line) on bad input. Defaults are the README's first command: the
+embedded pair, workloads chat, code and rag, concurrency 1, 2, 4, 8, a 4 s warm-up and 12 s
+measured per step and arm — 24 steps, about 9 minutes on a 2-core machine.
+
+It knows nothing about processes, Locust or the report's internals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from spectest.report.table import SLO
+
+WORKLOADS = ("chat", "code", "rag", "mixed")
+DEFAULT_WORKLOADS = ("chat", "code", "rag")
+DEFAULT_STEPS = (1, 2, 4, 8)
+# The embedded pair is a small CPU model: targets a person would set for a chat UI on it.
+EMBEDDED_SLO = SLO(ttft_p99_ms=1000.0, tpot_p99_ms=60.0, e2el_p99_ms=None)
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("what to run")
+    g.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS),
+                   help="comma-separated bundled workloads (chat, code, rag, mixed) or "
+                        "locustfile paths (default: chat,code,rag)")
+    g.add_argument("--steps", default="",
+                   help="concurrency steps, e.g. 1,2,4,8 (default: doubling from 1 to "
+                        "--max-concurrency)")
+    g.add_argument("--max-concurrency", type=int, default=0,
+                   help="doubling steps 1, 2, 4 … up to this (default 8)")
+    g.add_argument("--step-time", type=float, default=12.0,
+                   help="measured seconds per step and arm (default 12)")
+    g.add_argument("--warmup", type=float, default=4.0,
+                   help="warm-up seconds before each step's measurement, at the step's "
+                        "concurrency (default 4; 0: none). The measured time is split into "
+                        "windows of this length, whose spread estimates the noise")
+    g.add_argument("--requests-per-step", type=int, default=0,
+                   help="end a step once this many measured requests have finished "
+                        "(--step-time is then the upper bound; 0: time only)")
+    g.add_argument("--arms", default="spec,base",
+                   help="arms to run: spec (speculation on), base (off) (default both)")
+    g.add_argument("--seed", type=int, default=0, help="replay seed for the workload records")
+    g.add_argument("--max-tokens", type=int, default=128,
+                   help="cap on output tokens per request (0: each record's own length)")
+    g.add_argument("--max-prompt-chars", type=int, default=None,
+                   help="skip longer prompts (default 2000 with --embedded, else no limit)")
+    g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature")
+    g.add_argument("--patience", type=int, default=2,
+                   help="stop a series this many steps past its saturation knee (0: never)")
+    g = p.add_argument_group("servers")
+    g.add_argument("--host", default="",
+                   help="candidate server (OpenAI API). Without --baseline-host both arms go "
+                        "here, switched by the request's `speculative` field. Without --host "
+                        "the bundled server is started (--embedded)")
+    g.add_argument("--baseline-host", default="",
+                   help="a second server with speculation off (vLLM/SGLang: the baseline)")
+    g.add_argument("--embedded", action="store_true",
+                   help="start the bundled `spectest serve` for the sweep and stop it after")
+    g.add_argument("--model", default="embedded", help="--embedded: target checkpoint")
+    g.add_argument("--draft", default="embedded-draft", help="--embedded: draft checkpoint")
+    g.add_argument("--k", type=int, default=4, help="--embedded: draft length K")
+    g.add_argument("--server-arg", action="append", default=[],
+                   help="--embedded: one more `spectest serve` flag (repeatable), "
+                        "e.g. --server-arg=--threads=2")
+    g.add_argument("--validate-k", choices=("auto", "on", "off"), default="auto",
+                   help="run the K advisor's recommendation (goodput K policy) as a third "
+                        "arm on the first workload (auto: with --embedded)")
+    g = p.add_argument_group("SLOs (p99, milliseconds; defaults only with --embedded)")
+    g.add_argument("--slo-ttft-ms", type=float, default=None)
+    g.add_argument("--slo-tpot-ms", type=float, default=None)
+    g.add_argument("--slo-e2el-ms", type=float, default=None)
+    g.add_argument("--slo-max-error-rate", type=float, default=0.01)
+    p.add_argument("--out", type=Path, default=None,
+                   help="output folder (default: spectest-sweep-<date-time>)")
+    p.add_argument("--no-report", action="store_true", help="do not render the report at the end")
+
+
+def parse_steps(text: str, max_concurrency: int) -> tuple[int, ...]:
+    """``1,2,4,8`` → (1, 2, 4, 8); empty → doubling from 1 up to ``max_concurrency`` (default 8)."""
+    if text.strip():
+        if max_concurrency:
+            raise ConfigError("use --steps or --max-concurrency, not both")
+        try:
+            steps = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
+        except ValueError:
+            raise ConfigError(f"--steps must be whole numbers like 1,2,4,8, got {text!r}") from None
+        if not steps or min(steps) < 1:
+            raise ConfigError(f"--steps must be positive, got {text!r}")
+        if list(steps) != sorted(set(steps)):
+            raise ConfigError(f"--steps must rise strictly, got {text!r}")
+        return steps
+    top = max_concurrency or DEFAULT_STEPS[-1]
+    if top < 1:
+        raise ConfigError("--max-concurrency must be at least 1")
+    steps = [2 ** i for i in range(int(math.log2(top)) + 1)]
+    return tuple(steps + ([top] if steps[-1] != top else []))
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    out: Path
+    workloads: tuple[str, ...] = DEFAULT_WORKLOADS
+    steps: tuple[int, ...] = DEFAULT_STEPS
+    step_time_s: float = 12.0
+    warmup_s: float = 4.0
+    requests_per_step: int = 0
+    arms: tuple[str, ...] = ("spec", "base")
+    seed: int = 0
+    max_tokens: int = 128
+    max_prompt_chars: int = 0
+    temperature: float = 0.0
+    patience: int = 2
+    host: str = ""
+    baseline_host: str = ""
+    embedded: bool = True
+    model: str = "embedded"
+    draft: str = "embedded-draft"
+    k: int = 4
+    server_args: tuple[str, ...] = field(default_factory=tuple)
+    validate_k: bool = True
+    slo: SLO = SLO()
+
+    @property
+    def window_s(self) -> float:
+        """Length of one measured window (and of the warm-up)."""
+        if 0 < self.warmup_s < self.step_time_s:
+            return self.step_time_s / max(1, round(self.step_time_s / self.warmup_s))
+        return self.step_time_s
+
+    @property
+    def windows(self) -> int:
+        return max(1, round(self.step_time_s / self.window_s))
+
+    def estimated_s(self) -> float:
+        """A rough total: every step of every arm and workload, plus ~3 s start/stop each."""
+        per = (self.windows + (1 if self.warmup_s > 0 else 0)) * self.window_s + 3
+        n = len(self.workloads) * len(self.steps) * len(self.arms)
+        extra = len(self.steps) * per if self.validate_k else 0
+        return n * per + extra
+
+    def serve_args(self) -> list[str]:
+        return ["--model", self.model, "--draft", self.draft, "--k", str(self.k),
+                "--max-num-seqs", str(max(self.steps)), "--max-model-len", "2048",
+                *self.server_args]
+
+    def to_json(self) -> dict:
+        return {"out": str(self.out), "workloads": list(self.workloads),
+                "steps": list(self.steps), "step_time_s": self.step_time_s,
+                "warmup_s": self.warmup_s, "window_s": self.window_s, "windows": self.windows,
+                "requests_per_step": self.requests_per_step, "arms": list(self.arms),
+                "seed": self.seed, "max_tokens": self.max_tokens,
+                "max_prompt_chars": self.max_prompt_chars, "temperature": self.temperature,
+                "patience": self.patience, "host": self.host,
+                "baseline_host": self.baseline_host, "embedded": self.embedded,
+                "model": self.model, "draft": self.draft, "k": self.k,
+                "server_args": list(self.server_args), "validate_k": self.validate_k}
+
+    @classmethod
+    def from_args(cls, a: argparse.Namespace, now: str) -> SweepConfig:
+        workloads = tuple(w.strip() for w in a.workloads.split(",") if w.strip())
+        if not workloads:
+            raise ConfigError("--workloads is empty")
+        for w in workloads:
+            if w not in WORKLOADS and not Path(w).is_file():
+                raise ConfigError(f"unknown workload {w!r}: use {', '.join(WORKLOADS)} "
+                                  f"or a locustfile path")
+        arms = tuple(x.strip() for x in a.arms.split(",") if x.strip())
+        if not arms or any(x not in ("spec", "base") for x in arms):
+            raise ConfigError(f"--arms must be spec, base or both, got {a.arms!r}")
+        if a.embedded and a.host:
+            raise ConfigError("--embedded starts its own server: drop --host")
+        if a.baseline_host and not a.host:
+            raise ConfigError("--baseline-host needs --host (the candidate)")
+        embedded = a.embedded or not a.host
+        if a.step_time <= 0 or a.warmup < 0:
+            raise ConfigError("--step-time must be positive and --warmup at least 0")
+        if min(a.requests_per_step, a.max_tokens, a.patience) < 0 or a.k < 1:
+            raise ConfigError("--requests-per-step, --max-tokens and --patience must be >= 0, "
+                              "--k >= 1")
+        for flag in ("slo_ttft_ms", "slo_tpot_ms", "slo_e2el_ms"):
+            v = getattr(a, flag)
+            if v is not None and v <= 0:
+                raise ConfigError(f"--{flag.replace('_', '-')} must be positive")
+        if not 0 <= a.slo_max_error_rate <= 1:
+            raise ConfigError("--slo-max-error-rate must be between 0 and 1")
+        if embedded and all(getattr(a, f) is None for f in ("slo_ttft_ms", "slo_tpot_ms",
+                                                              "slo_e2el_ms")):
+            slo = SLO(EMBEDDED_SLO.ttft_p99_ms, EMBEDDED_SLO.tpot_p99_ms,
+                      EMBEDDED_SLO.e2el_p99_ms, a.slo_max_error_rate)
+        else:
+            slo = SLO(a.slo_ttft_ms, a.slo_tpot_ms, a.slo_e2el_ms, a.slo_max_error_rate)
+        validate = {"on": True, "off": False}.get(a.validate_k, embedded)
+        if validate and not embedded:
+            raise ConfigError("--validate-k on needs --embedded (it restarts the server with "
+                              "the recommended K policy)")
+        if set(arms) != {"spec", "base"}:
+            validate = False  # the advisor needs both arms
+        max_prompt = a.max_prompt_chars if a.max_prompt_chars is not None else (
+            2000 if embedded else 0)
+        return cls(out=a.out or Path(f"spectest-sweep-{now}"), workloads=workloads,
+                   steps=parse_steps(a.steps, a.max_concurrency), step_time_s=a.step_time,
+                   warmup_s=a.warmup, requests_per_step=a.requests_per_step, arms=arms,
+                   seed=a.seed, max_tokens=a.max_tokens, max_prompt_chars=max_prompt,
+                   temperature=a.temperature, patience=a.patience,
+                   host=a.host.rstrip("/"), baseline_host=a.baseline_host.rstrip("/"),
+                   embedded=embedded, model=a.model, draft=a.draft, k=a.k,
+                   server_args=tuple(a.server_arg), validate_k=validate, slo=slo)

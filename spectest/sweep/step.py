@@ -1,0 +1,210 @@
+"""Run one sweep step: a headless Locust process at one concurrency, watched while it runs.
+
+The step is planned as ``1 + n`` equal Locust steps at the same user count (warm-up, then n
+measured windows; no warm-up: n windows). While Locust runs, this module polls its results
+folder twice a second to
+
+* report live progress (requests so far, acceptance, TPOT p50) to a callback;
+* read the server's engine-round metrics when the first measured window begins and when the
+  last one ends (``engine_metrics``);
+* end the step early once ``requests_per_step`` measured requests have finished (SIGTERM: Locust
+  then closes its files with status ``interrupted``), or when it overruns its time limit.
+
+Ctrl-C / SIGTERM of the sweep reaches here as ``KeyboardInterrupt``: Locust is stopped and
+reaped, and the interrupt is re-raised — the step does not count. The command line comes from
+``spectest.loadgen.runner`` (``locust_args``); this module exists because the sweep needs the
+live process, which ``run_locust`` keeps to itself.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from spectest.loadgen.runner import REPO_ROOT, LocustRun, locust_args, locustfile_path
+from spectest.sweep import engine_metrics
+from spectest.sweep.embedded import die_with_parent
+from spectest.sweep.summary import summarize
+
+POLL_S = 0.5
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    workload: str
+    arm: str  # spec | base | spec-advised
+    concurrency: int
+    host: str
+    speculative: str  # on | off | default (what the requests carry)
+    run_dir: Path
+    window_s: float
+    windows: int
+    warmup: bool
+    seed: int = 0
+    max_tokens: int = 0
+    max_prompt_chars: int = 0
+    temperature: float = 0.0
+    slo_ttft_ms: float = 0.0
+    slo_tpot_ms: float = 0.0
+    slo_e2el_ms: float = 0.0
+    requests_per_step: int = 0
+    stop_timeout_s: float = 30.0
+    metrics_url: str = ""  # "" → host + /metrics
+
+    @property
+    def warmup_steps(self) -> int:
+        return 1 if self.warmup else 0
+
+    @property
+    def planned_s(self) -> float:
+        return (self.warmup_steps + self.windows) * self.window_s
+
+    def locust_run(self) -> LocustRun:
+        extra = ["--temperature", str(self.temperature)]
+        if self.max_prompt_chars:
+            extra += ["--max-prompt-chars", str(self.max_prompt_chars)]
+        if self.metrics_url:
+            extra += ["--metrics-url", self.metrics_url]
+        return LocustRun(self.workload, host=self.host, results_dir=self.run_dir,
+                         steps=(self.concurrency,) * (self.warmup_steps + self.windows),
+                         step_time_s=self.window_s, speculative=self.speculative,
+                         seed=self.seed, max_tokens=self.max_tokens,
+                         slo_ttft_ms=self.slo_ttft_ms, slo_tpot_ms=self.slo_tpot_ms,
+                         slo_e2el_ms=self.slo_e2el_ms, stop_timeout_s=self.stop_timeout_s,
+                         extra_args=tuple(extra))
+
+
+@dataclass(frozen=True)
+class Live:
+    """What the progress display shows while a step runs."""
+    elapsed_s: float
+    planned_s: float
+    measuring: bool
+    requests: int
+    failures: int
+    acceptance_rate: float | None
+    tpot_p50_ms: float | None
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    row: dict | None
+    returncode: int
+    timed_out: bool
+    stopped_on_requests: bool
+    log_tail: str
+
+
+def run_step(plan: StepPlan, on_live: Callable[[Live], None] | None = None,
+             rel_to: Path | None = None) -> StepOutcome:
+    plan.run_dir.mkdir(parents=True, exist_ok=True)
+    run = plan.locust_run()
+    cmd = [sys.executable, "-m", "locust", "-f", locustfile_path(plan.workload)] + locust_args(run)
+    env = {**os.environ}
+    env.pop("LOCUST_SKIP_MONKEY_PATCH", None)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    metrics_url = plan.metrics_url or plan.host.rstrip("/") + "/metrics"
+    limit = plan.planned_s + plan.stop_timeout_s + 60
+    log_path = plan.run_dir / "locust.log"
+    start_reading = end_reading = None
+    stopped_on_requests = timed_out = False
+    t0 = time.monotonic()
+    with open(log_path, "w", encoding="utf-8") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True,  # our Ctrl-C handling stops it
+                                preexec_fn=die_with_parent)
+        try:
+            measure_start = None
+            while proc.poll() is None:
+                time.sleep(POLL_S)
+                info = _json(plan.run_dir / "run.json")
+                steps = (info or {}).get("steps") or []
+                if measure_start is None and len(steps) > plan.warmup_steps:
+                    measure_start = time.monotonic()
+                    start_reading = engine_metrics.scrape(metrics_url)
+                measured_for = 0.0 if measure_start is None else time.monotonic() - measure_start
+                if (end_reading is None and measure_start is not None
+                        and measured_for >= plan.windows * plan.window_s - POLL_S):
+                    end_reading = engine_metrics.scrape(metrics_url)
+                live = _live(plan, time.monotonic() - t0, measure_start is not None)
+                if on_live is not None:
+                    on_live(live)
+                if (plan.requests_per_step and live.measuring
+                        and live.requests >= plan.requests_per_step and not stopped_on_requests):
+                    stopped_on_requests = True
+                    if end_reading is None:
+                        end_reading = engine_metrics.scrape(metrics_url)
+                    proc.send_signal(signal.SIGTERM)
+                if time.monotonic() - t0 > limit and not timed_out:
+                    timed_out = True
+                    proc.send_signal(signal.SIGTERM)
+        except BaseException:
+            _stop(proc)
+            raise
+        _stop(proc)
+    if end_reading is None and start_reading is not None:
+        end_reading = engine_metrics.scrape(metrics_url)
+    engine = engine_metrics.round_figures(start_reading, end_reading,
+                                          speculative=plan.speculative != "off")
+    row = summarize(plan.run_dir, workload=plan.workload, arm=plan.arm,
+                    concurrency=plan.concurrency, warmup_steps=plan.warmup_steps,
+                    engine=engine, rel_to=rel_to)
+    tail = log_path.read_text(encoding="utf-8", errors="replace")[-2000:]
+    return StepOutcome(row, proc.returncode, timed_out, stopped_on_requests, tail)
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
+    """Locust writes its files on SIGTERM; give it ``grace_s``, then kill."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _live(plan: StepPlan, elapsed: float, measuring: bool) -> Live:
+    """The latest window's figures from Locust's live ``steps.csv`` (all measured requests)."""
+    requests = failures = 0
+    acc = tpot = None
+    try:
+        df = pd.read_csv(plan.run_dir / "steps.csv")
+    except (OSError, pd.errors.EmptyDataError, pd.errors.ParserError):
+        df = None
+    if df is not None and not df.empty:
+        rows = df[df.workload == "all"]
+        measured = rows[rows.step >= plan.warmup_steps]
+        requests = int(measured.requests.sum())
+        failures = int(measured.failures.sum())
+        last = rows.iloc[-1]
+        acc = _num(last.get("acceptance_rate"))
+        if acc is None:
+            acc = _num(last.get("client_acceptance_rate"))
+        tpot = _num(last.get("tpot_p50_ms"))
+    return Live(elapsed, plan.planned_s, measuring, requests, failures, acc, tpot)
+
+
+def _num(v) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None

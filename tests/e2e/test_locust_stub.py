@@ -1,0 +1,155 @@
+"""Real Locust runs (subprocesses, loopback) of every locustfile against the stub server.
+
+Each test is bounded by the plan (a few seconds) and by ``run_locust``'s timeout; the stub is
+stopped when its ``with`` block ends. What they prove: the locustfiles run headless with zero
+failures and sane latencies, the per-step acceptance equals the server's own counters and the
+per-response ``spec`` objects, Locust's ``--csv`` rows are named by category, distributed runs
+collect both workers' requests on the master, open-loop Poisson steps offer the asked rate, and
+the web UI shows live acceptance.
+"""
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from spectest.loadgen.runner import LocustRun, StubProcess, free_port, run_locust  # noqa: E402
+from spectest.loadgen.scrape import ALL, parse_metrics  # noqa: E402
+
+STUB = ("--ttft-ms", "5", "--itl-ms", "2", "--spec-k", "3", "--accept-prob", "0.7")
+
+
+def read_requests(folder: Path) -> list[dict]:
+    return [json.loads(x) for x in (folder / "requests.jsonl").read_text().splitlines()]
+
+
+def server_counters(url: str) -> dict:
+    with urllib.request.urlopen(url + "/metrics") as r:
+        return parse_metrics(r.read().decode()).counters
+
+
+@pytest.mark.parametrize("workload, steps", [("chat", ()), ("code", ()), ("rag", ()),
+                                             ("mixed", (2, 4))])
+def test_locustfile_runs_headless_and_acceptance_matches_the_server(tmp_path, workload, steps):
+    out = tmp_path / "out"
+    with StubProcess(*STUB) as url:
+        outcome = run_locust(LocustRun(
+            workload, host=url, results_dir=out, steps=steps, step_time_s=2.5, users=3,
+            run_time_s=None if steps else 3, max_tokens=24, stop_timeout_s=10,
+            extra_args=("--csv", str(tmp_path / "locust"))), timeout_s=60)
+        counters = server_counters(url)
+    log = outcome.log_path.read_text()
+    assert outcome.returncode == 0, log[-3000:]
+    df = pd.read_csv(outcome.steps_csv)
+    rows = read_requests(out)
+    categories = {"mixed": {"chat", "code", "rag"}}.get(workload, {workload})
+    assert {r["workload"] for r in rows} == categories
+    assert len(rows) > 20 and all(r["ok"] for r in rows) and df.failures.sum() == 0
+    total = df[df.workload == ALL]
+    assert list(total.users) == (list(steps) or [3])
+    # sane latencies: the stub waits 5 ms for the first token and 2 ms per round
+    assert (total.ttft_p50_ms >= 5).all() and (total.ttft_p50_ms < 60).all()
+    assert (total.itl_p50_ms >= 1.5).all() and (total.itl_p50_ms < 30).all()
+    assert (total.tpot_p50_ms > 0).all() and (total.tpot_p50_ms < total.itl_p50_ms).all()
+    assert (total.tokens_per_chunk > 1).all()  # a round's accepted drafts share a chunk
+    # acceptance per step sums to the server's own counters, per workload and in total
+    for key in categories | {ALL}:
+        part = df[df.workload == key]
+        assert part.accepted_tokens.sum() == counters[key].accepted
+        assert part.draft_tokens.sum() == counters[key].draft_tokens
+        mine = [r["spec"] for r in rows if key in (ALL, r["workload"])]
+        assert sum(s["accepted_tokens"] for s in mine) == counters[key].accepted
+    assert total.acceptance_rate.between(0.3, 0.9).all()
+    # Locust's own --csv: one row per category (request name), no failures
+    stats = pd.read_csv(tmp_path / "locust_stats.csv")
+    assert set(stats.Name) - {"Aggregated"} == categories
+    assert stats["Failure Count"].sum() == 0
+
+
+def test_distributed_master_collects_both_workers_requests(tmp_path):
+    out = tmp_path / "out"
+    with StubProcess(*STUB) as url:
+        outcome = run_locust(LocustRun(
+            "chat", host=url, results_dir=out, steps=(2, 4), step_time_s=3, max_tokens=16,
+            workers=2, stop_timeout_s=10, extra_args=("--csv", str(tmp_path / "locust"))),
+            timeout_s=90)
+        with urllib.request.urlopen(url + "/stub/timings") as r:
+            served = json.loads(r.read())
+    assert outcome.returncode == 0, outcome.log_path.read_text()[-3000:]
+    rows = read_requests(out)
+    assert len({r["worker"] for r in rows}) == 2
+    by_worker = pd.Series([r["worker"] for r in rows]).value_counts()
+    assert by_worker.min() > 10
+    stats = pd.read_csv(tmp_path / "locust_stats.csv").set_index("Name")
+    assert stats.loc["Aggregated", "Request Count"] == len(rows) == len(served)
+    df = pd.read_csv(outcome.steps_csv)
+    assert list(df[df.workload == ALL].users) == [2, 4] and df.failures.sum() == 0
+
+
+def test_open_loop_poisson_steps_offer_the_asked_rate(tmp_path):
+    out = tmp_path / "out"
+    with StubProcess("--ttft-ms", "2", "--itl-ms", "1", "--spec-k", "0") as url:
+        outcome = run_locust(LocustRun(
+            "code", host=url, results_dir=out, request_rates=(10, 40), step_time_s=4,
+            max_tokens=8, stop_timeout_s=5, extra_args=("--max-users", "16")), timeout_s=60)
+    assert outcome.returncode == 0, outcome.log_path.read_text()[-3000:]
+    df = pd.read_csv(outcome.steps_csv)
+    total = df[df.workload == ALL].set_index("step")
+    assert list(total.request_rate) == [10, 40] and list(total.users) == [16, 16]
+    for step, rate in ((0, 10), (1, 40)):
+        expected = rate * total.loc[step, "duration_s"]
+        # Poisson counts: within 4 standard deviations of the offered rate
+        assert abs(total.loc[step, "requests"] - expected) < 4 * expected ** 0.5 + 2
+    lags = [r["schedule_lag_ms"] for r in read_requests(out)]
+    assert all(lag is not None for lag in lags)
+    assert pd.Series(lags).quantile(0.9) < 20  # arrivals go out on schedule
+
+
+def test_web_ui_shows_live_acceptance(tmp_path):
+    port = free_port()
+    with StubProcess(*STUB) as url:
+        env = {k: v for k, v in __import__("os").environ.items() if k != "LOCUST_SKIP_MONKEY_PATCH"}
+        env["PYTHONPATH"] = str(ROOT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "locust", "-f", str(ROOT / "workloads" / "rag.py"),
+             "--host", url, "--web-host", "127.0.0.1", "--web-port", str(port), "--autostart",
+             "--users", "2", "--run-time", "6s", "--autoquit", "1", "--scrape-interval", "1",
+             "--max-tokens", "16", "--results-dir", str(tmp_path / "out")],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        try:
+            page = stats = csv = None
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                time.sleep(0.5)
+                try:
+                    page = urllib.request.urlopen(f"http://127.0.0.1:{port}/").read().decode()
+                    stats = json.loads(urllib.request.urlopen(
+                        f"http://127.0.0.1:{port}/stats/requests").read())
+                    csv = urllib.request.urlopen(
+                        f"http://127.0.0.1:{port}/spectest/steps.csv").read().decode()
+                except OSError:
+                    continue
+                live = {e["key"]: e["data"] for e in stats.get("extended_stats", [])}
+                rows = live.get("spectest") or []
+                if any(r["workload"] == "all" and r["acceptance_rate"] != "" for r in rows):
+                    break
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
+    assert "Speculative decoding" in page
+    row = next(r for r in rows if r["workload"] == "all")
+    assert 0 < row["acceptance_rate"] < 1 and row["mean_accepted_length"] > 1
+    assert row["requests"] > 0 and row["ttft_p50_ms"] >= 5
+    assert csv.startswith("step,workload,users")

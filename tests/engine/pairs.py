@@ -1,0 +1,68 @@
+"""Model pairs for the engine tests: the embedded pair, and tiny random pairs on a tiny vocab.
+
+The embedded pair is what users run (trained by ``spectest train-demo-models`` and committed);
+the tiny pairs give distributions spread over few tokens, so statistical tests over the whole
+engine path need only thousands of requests.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import models, pre_tokenizers
+
+from spectest.engine.api import MODELS_DIR
+from spectest.engine.drafters import DraftModelDrafter, NGramDrafter, NoDrafter
+from spectest.engine.engine import EngineConfig, SpecEngine
+from spectest.engine.loader import load_checkpoint
+from spectest.engine.model import ModelConfig, Transformer
+from spectest.engine.policies import FixedK
+from spectest.engine.scheduler import SchedulerConfig
+from spectest.engine.tokenizer import Tokenizer
+
+
+def embedded_dir() -> Path:
+    return Path(os.environ.get("SPECTEST_TEST_MODELS", MODELS_DIR))
+
+
+def load_embedded():
+    root = embedded_dir()
+    return load_checkpoint(root / "target"), load_checkpoint(root / "draft")
+
+
+def tiny_tokenizer(vocab: int) -> Tokenizer:
+    """Word-level tokens t0 … t{V-1}; the last one is EOS."""
+    words = {f"t{i}": i for i in range(vocab)}
+    backend = HFTokenizer(models.WordLevel(words, unk_token="t0"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return Tokenizer(backend, eos_token_ids=(vocab - 1,))
+
+
+def tiny_model(vocab: int, seed: int, layers: int = 1, dim: int = 32, scale: float = 0.5):
+    torch.manual_seed(seed)
+    cfg = ModelConfig(vocab_size=vocab, hidden_size=dim, intermediate_size=2 * dim,
+                      num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1,
+                      head_dim=dim // 2, max_position_embeddings=512)
+    model = Transformer(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0, scale)
+    return model.eval()
+
+
+def make_engine(target, tokenizer, drafter="draft-model", draft=None, policy=None,
+                max_num_seqs=8, max_model_len=512, faults=frozenset(), max_waiting=10_000):
+    config = EngineConfig(SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                                          max_waiting=max_waiting, spec_slots=9),
+                          faults=frozenset(faults))
+    if drafter == "draft-model":
+        d = DraftModelDrafter(draft, max_num_seqs, max_model_len)
+    elif drafter == "ngram":
+        d = NGramDrafter(4, 1)
+    else:
+        d = NoDrafter()
+    return SpecEngine(target, tokenizer, d, policy or FixedK(4), config)

@@ -1,0 +1,106 @@
+"""Admission, cancellation and refusal: capacity comes back and the engine keeps serving."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spectest.engine.policies import FixedK
+from spectest.engine.requests import CapacityError, GenerationRequest, QueueFullError
+from spectest.engine.sampling import SamplingParams
+
+from pairs import make_engine, tiny_model, tiny_tokenizer
+
+V = 16
+
+
+@pytest.fixture(scope="module")
+def models():
+    torch.set_num_threads(1)
+    return tiny_model(V, seed=0), tiny_model(V, seed=1), tiny_tokenizer(V)
+
+
+def _engine(models, **kw):
+    target, draft, tok = models
+    return make_engine(target, tok, "draft-model", draft, FixedK(3), **kw)
+
+
+def _req(rid, n_prompt=4, max_tokens=50):
+    return GenerationRequest(rid, tuple(range(1, n_prompt + 1)),
+                             SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+
+
+def test_cancel_mid_generation_frees_the_slot(models):
+    engine = _engine(models, max_num_seqs=2)
+    outs = {}
+    for rid in ("a", "b", "c"):
+        engine.submit(_req(rid), lambda o: outs.setdefault(o.request_id, []).append(o))
+    for _ in range(3):
+        engine.step()
+    assert engine.scheduler.counts() == (2, 1)  # c waits for a slot
+    engine.cancel("a")
+    engine.step()  # cancellation applies at the next round boundary; c is admitted
+    assert outs["a"][-1].finished and outs["a"][-1].finish_reason == "abort"
+    assert "c" in outs and engine.scheduler.counts()[1] == 0
+    engine.run_until_idle()
+    assert outs["b"][-1].finish_reason == "length" and outs["c"][-1].finish_reason == "length"
+    assert sum(len(o.token_ids) for o in outs["c"]) == 50
+    assert engine.scheduler.counts() == (0, 0) and engine.cache.used_positions() == 0
+    assert engine.drafter.cache.used_positions() == 0
+
+
+def test_cancel_waiting_request(models):
+    engine = _engine(models, max_num_seqs=1)
+    outs = {}
+    for rid in ("a", "b"):
+        engine.submit(_req(rid), lambda o: outs.setdefault(o.request_id, []).append(o))
+    engine.step()
+    engine.cancel("b")
+    engine.run_until_idle()
+    assert outs["b"][-1].finish_reason == "abort" and not any(o.token_ids for o in outs["b"])
+
+
+def test_over_long_prompt_is_refused_and_engine_keeps_serving(models):
+    engine = _engine(models, max_model_len=64)
+    with pytest.raises(CapacityError, match="KV positions"):
+        engine.submit(_req("long", n_prompt=60, max_tokens=10), lambda o: None)
+    with pytest.raises(CapacityError):
+        engine.submit(_req("empty", n_prompt=0), lambda o: None)
+    outs = []
+    engine.submit(_req("ok", max_tokens=20), outs.append)
+    engine.run_until_idle()
+    assert outs[-1].finish_reason == "length"
+
+
+def test_queue_bound(models):
+    engine = _engine(models, max_num_seqs=1, max_waiting=2)
+    engine.submit(_req("a"), lambda o: None)
+    engine.submit(_req("b"), lambda o: None)
+    with pytest.raises(QueueFullError):
+        engine.submit(_req("c"), lambda o: None)
+    engine.step()  # a admitted → room in the queue again
+    engine.submit(_req("c"), lambda o: None)
+
+
+def test_bad_request_fails_alone(models):
+    """A token id outside the vocabulary fails that request, not the engine."""
+    engine = _engine(models)
+    outs = {}
+    engine.submit(GenerationRequest("bad", (1, 2, V + 5), SamplingParams(max_tokens=5)),
+                  lambda o: outs.setdefault(o.request_id, []).append(o))
+    engine.submit(_req("good", max_tokens=8), lambda o: outs.setdefault(o.request_id, []).append(o))
+    engine.run_until_idle()
+    assert outs["bad"][-1].finish_reason == "error" and outs["bad"][-1].error
+    assert outs["good"][-1].finish_reason == "length"
+
+
+def test_background_thread_serves_and_stops(models):
+    import threading
+    engine = _engine(models)
+    done = threading.Event()
+    engine.start()
+    try:
+        engine.submit(_req("t", max_tokens=10), lambda o: o.finished and done.set())
+        assert done.wait(30)
+    finally:
+        engine.stop()

@@ -1,0 +1,118 @@
+"""One streamed completion against the stub: timings, usage, spec, headers, errors, events."""
+
+import json
+import urllib.request
+
+import pytest
+from locust.contrib.fasthttp import FastHttpSession
+from locust.event import EventHook
+
+from spectest.loadgen.client import (
+    CHAT_PATH,
+    COMPLETIONS_PATH,
+    CompletionRequest,
+    build_body,
+    stream_completion,
+)
+
+
+@pytest.fixture
+def events():
+    fired = []
+    hook = EventHook()
+    hook.add_listener(lambda **kw: fired.append(kw))
+    return hook, fired
+
+
+def session(url, hook):
+    return FastHttpSession(url, request_event=hook, user=None)
+
+
+def chat_request(workload="rag", max_tokens=12, speculative=None, model="stub-model"):
+    body = build_body(model, messages=[{"role": "user", "content": "one two three"}],
+                      max_tokens=max_tokens, temperature=0.0, speculative=speculative)
+    return CompletionRequest(CHAT_PATH, body, workload=workload, record_id="rec-1")
+
+
+def truth(url):
+    with urllib.request.urlopen(url + "/stub/timings") as r:
+        return {t["id"]: t for t in json.loads(r.read())}
+
+
+def test_chat_stream_timings_match_the_stub_stamps(stub, events):
+    url = stub("--ttft-ms", "40", "--itl-ms", "5", "--spec-k", "3", "--accept-prob", "0.7")
+    hook, fired = events
+    r = stream_completion(session(url, hook), chat_request(max_tokens=30))
+    assert r.ok and r.status == 200 and r.usage_reported and r.output_tokens == 30
+    t = truth(url)[r.response_id]
+    sent = t["chunk_sent_at"]
+    # the role-only first chunk carries no text, so TTFT starts at the first token chunk
+    assert r.ttft_s >= 0.040
+    assert r.ttft_s == pytest.approx(sent[0] - r.sent_mono, abs=0.005)
+    assert r.e2el_s == pytest.approx(sent[-1] - r.sent_mono, abs=0.005)
+    assert r.tpot_s == pytest.approx((r.e2el_s - r.ttft_s) / 29)
+    assert r.chunks == len(sent) and len(r.itl_s) == len(sent) - 1
+    assert r.tokens_per_chunk == pytest.approx(30 / len(sent)) and r.tokens_per_chunk > 1
+    assert r.spec == t["spec"] and r.spec["drafts"] == len(sent) - 1
+    # the workload tag and the W3C trace context reached the server
+    assert t["workload"] == "rag"
+    assert t["traceparent"].startswith(f"00-{r.trace_id}-") and len(t["traceparent"]) == 55
+    # one Locust event: name = category, response_length = output tokens, time = E2EL
+    [ev] = fired
+    assert ev["name"] == "rag" and ev["response_length"] == 30 and ev["exception"] is None
+    assert ev["response_time"] == pytest.approx(r.e2el_s * 1e3)
+
+
+def test_completions_endpoint_and_speculation_off(stub, events):
+    url = stub("--ttft-ms", "0", "--itl-ms", "1")
+    hook, _ = events
+    body = build_body("stub-model", prompt="def add(a, b):", max_tokens=8, temperature=0.0,
+                      speculative=False)
+    r = stream_completion(session(url, hook),
+                          CompletionRequest(COMPLETIONS_PATH, body, workload="code", record_id="x"))
+    assert r.ok and r.output_tokens == 8 and r.chunks == 8
+    assert r.spec["speculative"] is False and r.spec["drafts"] == 0
+
+
+def test_the_stream_is_read_to_the_end_so_the_connection_is_reused(stub, events):
+    url = stub("--ttft-ms", "0", "--itl-ms", "0")
+    hook, _ = events
+    s = session(url, hook)
+    ids = [stream_completion(s, chat_request()).response_id for _ in range(3)]
+    t = truth(url)
+    assert len({t[i]["client_port"] for i in ids}) == 1
+
+
+def test_multi_turn_needs_the_answer_text(stub, events):
+    url = stub("--ttft-ms", "0", "--itl-ms", "0", "--spec-k", "0")
+    hook, _ = events
+    req = chat_request(max_tokens=4)
+    r = stream_completion(session(url, hook), CompletionRequest(
+        req.path, req.body, req.workload, req.record_id, keep_text=True))
+    assert r.text == "one two three one "
+
+
+def test_http_error_is_a_failure_with_the_servers_message(stub, events):
+    url = stub()
+    hook, fired = events
+    r = stream_completion(session(url, hook), chat_request(model="nope"))
+    assert not r.ok and r.status == 404 and not r.connection_error
+    assert r.error == "HTTP 404: model 'nope' not found"
+    assert fired[0]["exception"] is not None and fired[0]["name"] == "rag"
+
+
+def test_server_down_is_a_connection_error(events):
+    hook, fired = events
+    r = stream_completion(session("http://127.0.0.1:9", hook), chat_request())
+    assert not r.ok and r.connection_error and r.status == 0 and "refused" in r.error.lower()
+    assert fired[0]["exception"] is not None
+
+
+def test_request_body_is_the_openai_shape_plus_the_speculative_switch():
+    body = json.loads(build_body("m", prompt="p", max_tokens=5, temperature=0.5,
+                                 speculative=True, extra={"top_k": 4}))
+    assert body == {"model": "m", "prompt": "p", "max_tokens": 5, "temperature": 0.5,
+                    "stream": True, "stream_options": {"include_usage": True},
+                    "speculative": True, "top_k": 4}
+    assert "speculative" not in json.loads(build_body("m", prompt="p", max_tokens=5,
+                                                      temperature=0, speculative=None))

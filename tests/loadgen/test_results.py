@@ -1,0 +1,125 @@
+"""The per-request JSONL and the per-step CSV contract (what the report module reads)."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from spectest.loadgen.client import StreamResult
+from spectest.loadgen.results import COLUMNS, ResultsSink, request_row
+from spectest.loadgen.scrape import Snapshot, SpecCounters
+
+
+def result(t, workload="chat", ok=True, ttft=0.1, tpot=0.01, n=11, spec=None, chunks=None):
+    e2el = ttft + tpot * (n - 1)
+    if not ok:
+        return StreamResult(ok=False, workload=workload, record_id="r", turn=0, started_at=t,
+                            status=503, error="HTTP 503: busy")
+    chunks = chunks or n
+    return StreamResult(ok=True, workload=workload, record_id="r", turn=0, started_at=t,
+                        status=200, ttft_s=ttft, e2el_s=e2el, tpot_s=tpot,
+                        itl_s=tuple([(e2el - ttft) / (chunks - 1)] * (chunks - 1)),
+                        chunks=chunks, output_tokens=n, usage_reported=True, spec=spec)
+
+
+def row(r, slo_ok=True):
+    return request_row(r, worker="w1", speculative="on", slo_ok=slo_ok)
+
+
+def snap(t, **by_workload):
+    counters = {w: SpecCounters(*v) for w, v in by_workload.items()}
+    total = SpecCounters()
+    for c in counters.values():
+        total = total + c
+    return Snapshot(t, "spectest", {**counters, "all": total})
+
+
+@pytest.fixture
+def sink(tmp_path):
+    return ResultsSink(tmp_path / "out", speculative="on", run_info={"host": "h"})
+
+
+def test_rows_go_to_the_step_they_were_sent_in(sink, tmp_path):
+    sink.begin_step(2, None, snap(100.0, chat=(0, 0, 0, ())), at=100.0)
+    sink.add([row(result(100.5)), row(result(109.9))])
+    sink.begin_step(4, None, snap(110.0, chat=(10, 40, 20, (8, 6, 4, 2))), at=110.0)
+    sink.add([row(result(110.1)), row(result(105.0))])  # a straggler from step 0 arrives late
+    sink.finish(snap(120.0, chat=(30, 120, 90, (28, 24, 20, 18))))
+    lines = [json.loads(x) for x in (tmp_path / "out" / "requests.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [0, 0, 1, 0]
+    df = pd.read_csv(tmp_path / "out" / "steps.csv")
+    assert list(df.columns) == COLUMNS + [f"acceptance_pos_{i}" for i in range(4)]
+    all_rows = df[df.workload == "all"].set_index("step")
+    assert all_rows.loc[0, "requests"] == 3 and all_rows.loc[1, "requests"] == 1
+    assert all_rows.loc[0, "users"] == 2 and all_rows.loc[1, "users"] == 4
+    assert all_rows.loc[0, "duration_s"] == pytest.approx(10.0)
+    # server figures are the counter deltas between the step's boundaries
+    assert all_rows.loc[0, "acceptance_rate"] == pytest.approx(20 / 40)
+    assert all_rows.loc[1, "acceptance_rate"] == pytest.approx(70 / 80)
+    assert all_rows.loc[1, "mean_accepted_length"] == pytest.approx(1 + 70 / 20)
+    assert all_rows.loc[1, "acceptance_pos_3"] == pytest.approx(16 / 20)
+    run = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert run["status"] == "finished" and len(run["steps"]) == 2 and run["host"] == "h"
+
+
+def test_percentiles_rates_and_goodput(sink, tmp_path):
+    rng = np.random.default_rng(0)
+    ttfts, tpots = rng.uniform(0.05, 0.5, 200), rng.uniform(0.005, 0.05, 200)
+    sink.begin_step(8, None, None, at=0.0)
+    rows = [row(result(1.0 + i * 0.01, ttft=a, tpot=b), slo_ok=a < 0.3)
+            for i, (a, b) in enumerate(zip(ttfts, tpots))]
+    rows += [row(result(2.0, ok=False)) for _ in range(5)]
+    sink.add(rows)
+    sink.finish(None)
+    df = pd.read_csv(tmp_path / "out" / "steps.csv")
+    r = df[df.workload == "chat"].iloc[0]
+    for p in (50, 90, 99):
+        assert r[f"ttft_p{p}_ms"] == pytest.approx(np.percentile(ttfts * 1e3, p), abs=1e-3)
+        assert r[f"tpot_p{p}_ms"] == pytest.approx(np.percentile(tpots * 1e3, p), abs=1e-3)
+    assert r.requests == 205 and r.failures == 5
+    duration = r.duration_s
+    assert r.requests_per_s == pytest.approx(200 / duration)
+    assert r.output_tokens == 200 * 11
+    assert r.output_tokens_per_s == pytest.approx(2200 / duration)
+    assert r.goodput_rps == pytest.approx((ttfts < 0.3).sum() / duration)
+    assert r.slo_attainment == pytest.approx((ttfts < 0.3).mean())
+    assert pd.isna(r.acceptance_rate)  # no /metrics: empty, not zero
+
+
+def test_per_workload_rows_client_acceptance_and_tokens_per_chunk(sink, tmp_path):
+    spec = {"drafts": 4, "draft_tokens": 16, "accepted_tokens": 8}
+    sink.begin_step(2, None, None, at=0.0)
+    sink.add([row(result(1.0, "rag", spec=spec, n=13, chunks=5)),
+              row(result(1.0, "code", n=11))])
+    sink.flush()
+    df = pd.read_csv(tmp_path / "out" / "steps.csv").set_index("workload")
+    assert list(df.index) == ["code", "rag", "all"]
+    assert df.loc["rag", "client_acceptance_rate"] == pytest.approx(0.5)
+    assert df.loc["rag", "client_mean_accepted_length"] == pytest.approx(3.0)
+    assert df.loc["rag", "tokens_per_chunk"] == pytest.approx(13 / 5)
+    assert df.loc["all", "tokens_per_chunk"] == pytest.approx(24 / 16)
+    assert pd.isna(df.loc["code", "client_acceptance_rate"])
+
+
+def test_files_are_complete_before_the_run_ends(sink, tmp_path):
+    """An interrupted run keeps what it measured: every flush leaves readable files."""
+    sink.begin_step(1, None, None, at=0.0)
+    for i in range(3):
+        sink.add([row(result(float(i)))])
+        sink.flush()
+        df = pd.read_csv(tmp_path / "out" / "steps.csv")
+        assert df[df.workload == "all"].requests.item() == i + 1
+        assert len((tmp_path / "out" / "requests.jsonl").read_text().splitlines()) == i + 1
+    assert json.loads((tmp_path / "out" / "run.json").read_text())["status"] == "running"
+    assert not list((tmp_path / "out").glob(".*.tmp"))
+    sink.finish(None, status="interrupted")
+    assert json.loads((tmp_path / "out" / "run.json").read_text())["status"] == "interrupted"
+
+
+def test_request_row_keeps_every_chunk_gap_in_ms():
+    r = row(result(5.0, n=4, ttft=0.02, tpot=0.005))
+    assert r["ttft_ms"] == 20.0 and r["tpot_ms"] == 5.0 and r["itl_ms"] == [5.0, 5.0, 5.0]
+    assert r["e2el_ms"] == 35.0 and r["slo_ok"] is True and r["speculative"] == "on"
+    failed = row(result(5.0, ok=False))
+    assert failed["slo_ok"] is False and failed["error"] == "HTTP 503: busy"

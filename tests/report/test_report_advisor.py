@@ -1,0 +1,101 @@
+"""The K advisor on sweeps built from a known acceptance α and known per-load costs.
+
+With geometric acceptance p_i = α^{i+1} the advisor's prediction must equal the seeds' formula
+(1 − α^{K+1}) / ((1 − α)(1 + cK)), its best K must be the brute-force argmax of that formula,
+and the Profile it writes must make the engine's goodput policy pick the same K.
+"""
+
+import json
+
+import pandas as pd
+import pytest
+
+from spectest.report import advisor
+
+ALPHA, K_RUN = 0.7, 4
+T0 = {1: 10.0, 2: 11.0, 4: 13.0, 8: 20.0}  # ms per plain target round
+C_EFF = {1: 0.05, 2: 0.15, 4: 0.45, 8: 1.2}  # overhead per draft token, grows with load
+
+
+def sweep_table(alpha=ALPHA, engine_timings=True) -> pd.DataFrame:
+    rows = []
+    p = [alpha ** (i + 1) for i in range(K_RUN)]
+    e = 1 + sum(p)
+    for c in T0:
+        round_ms = T0[c] * (1 + C_EFF[c] * K_RUN)
+        draft = round_ms * 0.3
+        spec = {"workload": "chat", "arm": "spec", "concurrency": c, "k": K_RUN,
+                "drafts": 1000 * c, "mean_accepted_length": e, "tpot_p50_ms": round_ms / e}
+        spec.update({f"acceptance_pos_{i}": (p[i] if i < K_RUN else 0.0) for i in range(8)})
+        base = {"workload": "chat", "arm": "base", "concurrency": c, "k": None, "drafts": 0,
+                "tpot_p50_ms": T0[c]}
+        if engine_timings:
+            spec.update(draft_ms_per_round=draft, verify_ms_per_round=round_ms - draft)
+            base.update(draft_ms_per_round=None, verify_ms_per_round=T0[c])
+        rows += [spec, base]
+    return pd.DataFrame(rows)
+
+
+def test_geometric_acceptance_reduces_to_the_seeds_formula():
+    p = advisor.extend(tuple(ALPHA ** (i + 1) for i in range(8)), 8)
+    for k in range(9):
+        for c in (0.0, 0.02, 0.3):
+            assert advisor.predict(p, c, k) == pytest.approx(advisor.seeds_speedup(ALPHA, c, k))
+    # the seeds' worked example: α = 0.7, γ = 5, c = 0.02 → 2.7×
+    assert advisor.seeds_speedup(0.7, 0.02, 5) == pytest.approx(2.7, abs=0.05)
+
+
+def test_acceptance_past_the_run_k_continues_geometrically():
+    p = advisor.extend((0.8, 0.6, 0.45), 6)
+    assert p[:3] == (0.8, 0.6, 0.45)
+    assert p[3] == pytest.approx(0.45 * 0.75) and p[5] == pytest.approx(0.45 * 0.75 ** 3)
+    assert advisor.extend((), 3) == (0.0, 0.0, 0.0)
+
+
+@pytest.mark.parametrize("engine_timings", [True, False])
+def test_best_k_per_concurrency_is_the_formula_argmax(engine_timings):
+    t = sweep_table(engine_timings=engine_timings)
+    assert advisor.k_run(t, "chat") == K_RUN
+    assert advisor.position_acceptance(t, "chat") == pytest.approx(
+        [ALPHA ** (i + 1) for i in range(K_RUN)])
+    advice = {a.concurrency: a for a in advisor.advise(t, "chat")}
+    assert sorted(advice) == [1, 2, 4, 8]
+    for c, a in advice.items():
+        curve = [advisor.seeds_speedup(ALPHA, C_EFF[c], k) for k in range(9)]
+        assert a.c_eff == pytest.approx(C_EFF[c])
+        assert a.best_k == max(range(9), key=curve.__getitem__)
+        assert a.predicted_best == pytest.approx(max(curve))
+        assert a.measured_at_run == pytest.approx(curve[K_RUN])  # consistent table
+        assert a.source == ("engine rounds" if engine_timings else "client TPOT")
+    assert advice[1].best_k >= 4 and advice[8].best_k == 0  # speculation off at high load
+    assert advice[8].predicted_best == 1.0
+
+
+def test_validation_arm_is_reported_beside_the_prediction():
+    t = sweep_table()
+    extra = t[(t.arm == "spec") & (t.concurrency == 2)].assign(arm="spec-advised", k=5,
+                                                               tpot_p50_ms=7.0)
+    advice = {a.concurrency: a for a in advisor.advise(pd.concat([t, extra]), "chat")}
+    assert advice[2].validated == pytest.approx(11.0 / 7.0) and advice[2].validated_k == 5
+    assert advice[1].validated is None
+    frame = advisor.advice_frame(list(advice.values()))
+    assert list(frame.concurrency) == [1, 2, 4, 8] and frame.best_k.iloc[-1] == 0
+
+
+def test_profile_drives_the_engine_goodput_policy_to_the_same_k(tmp_path):
+    policies = pytest.importorskip("spectest.engine.policies")
+    t = sweep_table()
+    prof = advisor.profile_json(t)
+    path = tmp_path / "k_profile.json"
+    path.write_text(advisor.profile_text(prof))
+    loaded = policies.Profile.load(path)
+    advice = {a.concurrency: a for a in advisor.advise(t, "chat")}
+    for c, a in advice.items():
+        k, _ = loaded.best_k(int(c), 8)
+        assert k == a.best_k
+    assert json.loads(path.read_text())["meta"]["k_run"] == K_RUN
+
+
+def test_no_advice_without_acceptance_or_k():
+    t = sweep_table().drop(columns=[f"acceptance_pos_{i}" for i in range(8)])
+    assert advisor.advise(t, "chat") == [] and advisor.profile_json(t) is None

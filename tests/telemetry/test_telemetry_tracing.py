@@ -1,0 +1,165 @@
+"""``telemetry.tracing``: exporter choice from OTEL_* variables, the JSON-lines file exporter,
+and the ``RoundTracer`` engine observer, fed synthetic round records.
+
+Proves: tracing is off (``None``, zero cost) unless an exporter is asked for; unsupported
+exporters are refused with a readable error; ``--trace-file`` writes one parseable JSON object
+per span and appends across runs; a round becomes ``spec.round`` under the request's span with
+``spec.draft`` then ``spec.verify`` laid end to end over the measured times; rows of
+unregistered requests are skipped; and a request unregistered before its last round is traced
+(the engine reports the round after the server has seen the request's last tokens) still gets
+that round, while later rounds no longer attach to it; file records equal the SDK's own
+``to_json`` output; requests whose trace is sampled out cost no round spans.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import (NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode,
+                                 set_span_in_context)
+
+from spectest.engine.requests import RoundRecord, RowRecord
+from spectest.telemetry.tracing import JsonLinesExporter, RoundTracer, build_tracer_provider
+
+
+def test_tracing_is_off_by_default():
+    assert build_tracer_provider(environ={}) is None
+    assert build_tracer_provider(environ={"OTEL_TRACES_EXPORTER": "none"}) is None
+    assert build_tracer_provider(environ={"OTEL_TRACES_EXPORTER": "console",
+                                          "OTEL_SDK_DISABLED": "true"}) is None
+
+
+@pytest.mark.parametrize("choice", ["console", "otlp", "otlp_proto_http", " Console "])
+def test_supported_exporters_build_a_provider(choice):
+    provider = build_tracer_provider(environ={"OTEL_TRACES_EXPORTER": choice,
+                                              "OTEL_SERVICE_NAME": "svc"})
+    try:
+        assert isinstance(provider, TracerProvider)
+        assert provider.resource.attributes["service.name"] == "svc"
+    finally:
+        provider.shutdown()  # nothing was recorded: no export is attempted
+
+
+def test_unsupported_exporter_is_refused_readably():
+    with pytest.raises(ValueError, match="zipkin.*otlp, console, none"):
+        build_tracer_provider(environ={"OTEL_TRACES_EXPORTER": "zipkin"})
+
+
+def test_trace_file_gets_one_json_object_per_span_and_appends(tmp_path):
+    path = tmp_path / "sub" / "spans.jsonl"
+    for run in range(2):
+        provider = build_tracer_provider("svc", path, environ={})
+        tracer = provider.get_tracer("t")
+        with tracer.start_as_current_span(f"outer {run}", kind=SpanKind.SERVER,
+                                          attributes={"a": run}):
+            tracer.start_span("inner").end()
+        provider.shutdown()
+    spans = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [s["name"] for s in spans] == ["inner", "outer 0", "inner", "outer 1"]
+    assert spans[0]["parent_id"] == spans[1]["context"]["span_id"]
+    assert spans[3]["attributes"] == {"a": 1} and spans[3]["kind"] == "SpanKind.SERVER"
+    assert spans[3]["resource"]["attributes"]["service.name"] == "svc"
+
+
+def test_json_lines_exporter_writes_complete_lines(tmp_path):
+    exporter = JsonLinesExporter(tmp_path / "x.jsonl")
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    for i in range(3):
+        provider.get_tracer("t").start_span(f"s{i}", attributes={"text": "a\nb"}).end()
+    provider.shutdown()
+    lines = (tmp_path / "x.jsonl").read_text().split("\n")
+    assert lines[-1] == "" and [json.loads(x)["name"] for x in lines[:-1]] == ["s0", "s1", "s2"]
+
+
+@pytest.fixture
+def traced():
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    yield provider, exporter, RoundTracer(provider)
+    provider.shutdown()
+
+
+def record(rows, index=0, started=1000.0, draft=0.004, verify=0.010) -> RoundRecord:
+    return RoundRecord(index, started, len(rows), 4, "fixed", draft, verify, tuple(rows),
+                       "draft-model", len(rows), 0, 0.1)
+
+
+def row(rid, k=4, accepted=2) -> RowRecord:
+    return RowRecord(rid, "chat", k, accepted, k > 0 and accepted == k, accepted + 1, True)
+
+
+def test_round_spans_hang_under_the_request_span(traced):
+    provider, exporter, tracer = traced
+    request = provider.get_tracer("server").start_span("chat m", kind=SpanKind.SERVER)
+    tracer.register("a", request)
+    tracer(record([row("a", 4, 4), row("not-traced", 4, 1)]))
+    tracer(record([row("a", 0, 0)], index=1, started=1001.0))
+    request.end()
+    spans = exporter.get_finished_spans()
+    rounds = [s for s in spans if s.name == "spec.round"]
+    assert len(rounds) == 2  # the unregistered request's row is skipped
+    assert all(r.parent.span_id == request.context.span_id for r in rounds)
+    first = rounds[0]
+    assert first.attributes["spec.k_proposed"] == 4 and first.attributes["spec.accepted"] == 4
+    assert first.attributes["spec.bonus"] is True and first.attributes["spec.batch_size"] == 2
+    assert first.attributes["spec.draft_ms"] == pytest.approx(4.0)
+    assert first.attributes["spec.verify_ms"] == pytest.approx(10.0)
+    kids = {s.name: s for s in spans if s.parent and s.parent.span_id == first.context.span_id}
+    assert set(kids) == {"spec.draft", "spec.verify"}
+    assert kids["spec.draft"].start_time == first.start_time == 1000 * 10**9
+    assert kids["spec.draft"].end_time == kids["spec.verify"].start_time
+    assert kids["spec.verify"].end_time == first.end_time
+    assert first.end_time - first.start_time == pytest.approx(14e6, abs=2)
+    # a round with K = 0 for the request has a verify child only
+    second_kids = [s.name for s in spans
+                   if s.parent and s.parent.span_id == rounds[1].context.span_id]
+    assert second_kids == ["spec.verify"]
+
+
+def test_last_round_is_traced_even_when_unregistered_first(traced):
+    provider, exporter, tracer = traced
+    request = provider.get_tracer("server").start_span("text_completion m")
+    tracer.register("a", request)
+    tracer.unregister("a")  # the server saw the last tokens before the engine's observer ran
+    request.end()
+    tracer(record([row("a")]))  # that last round
+    tracer(record([row("a")], index=1))  # a stray later record must not attach any more
+    tracer.unregister("never-registered")
+    rounds = [s for s in exporter.get_finished_spans() if s.name == "spec.round"]
+    assert [r.attributes["spec.round.index"] for r in rounds] == [0]
+    assert tracer._spans == {} and tracer._retired == set()  # nothing kept
+
+
+def test_file_records_have_exactly_the_sdk_json_fields(tmp_path):
+    """The exporter builds records itself (fast); they must equal ``ReadableSpan.to_json()``."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("t")
+    parent = tracer.start_span("parent", kind=SpanKind.SERVER, attributes={"x": [1, 2]})
+    child = tracer.start_span("child", context=set_span_in_context(parent),
+                              attributes={"s": "v", "b": True, "f": 0.5})
+    child.add_event("evt", {"k": 1})
+    child.set_status(Status(StatusCode.ERROR, "boom"))
+    child.end()
+    parent.end()
+    spans = exporter.get_finished_spans()
+    file = JsonLinesExporter(tmp_path / "x.jsonl")
+    file.export(spans)
+    file.shutdown()
+    lines = (tmp_path / "x.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == [json.loads(s.to_json()) for s in spans]
+
+
+def test_sampled_out_requests_get_no_round_spans(traced):
+    provider, exporter, tracer = traced
+    sampled_out = NonRecordingSpan(SpanContext(0x1, 0x2, is_remote=False))
+    tracer.register("a", sampled_out)
+    tracer(record([row("a")]))
+    assert exporter.get_finished_spans() == ()

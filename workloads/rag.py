@@ -1,0 +1,29 @@
+"""RAG traffic: retrieved passages plus a question whose answer quotes them (n-gram's case).
+
+    locust -f workloads/rag.py --host http://127.0.0.1:8000 --headless --users 4 --run-time 1m
+    locust -f workloads/rag.py --host http://127.0.0.1:8000 --headless \
+        --steps 1,2,4,8,16,32 --step-time 30 --results-dir results/rag
+
+All spectest flags are listed in workloads/README.md (Locust's --help runs before the
+locustfile is loaded, so it does not show them; the web UI does).
+"""
+
+import sys
+from pathlib import Path
+
+try:
+    import spectest.loadgen  # noqa: F401
+except ImportError:  # running from a checkout without `pip install -e .`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from locust import events
+
+from spectest.loadgen import plugin
+from spectest.loadgen.shapes import SpecShape  # noqa: F401  (Locust picks the shape up)
+from spectest.loadgen.users import SpecUser
+
+plugin.install(events, workload="rag")
+
+
+class RagUser(SpecUser):
+    workload = "rag"
