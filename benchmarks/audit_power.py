@@ -12,11 +12,13 @@
    seeds, a simulated audit draws as many positions as a default audit tests and a token at
    each from p_t (the null) or from a *shifted sampler* q_t = (1-λ)p_t + λ r_t with λ chosen
    so that TV(p_t, q_t) = 0.05 (capped where r_t is closer than 0.05).  The shift is simulated
-   at the statistics level, not through HTTP.  Six directions r_t: toward the argmax (greedy-
-   like), toward uniform over the support, hotter (p^0.5), colder (p^2), top-2 swapped, and a
-   random permutation of p_t.  The auditor's test (surprise z + KS on the PIT, Bonferroni) is
-   applied as ``spectest.audit.distribution`` does; alternatives measured on the same draws:
-   z alone, KS alone, a 20-bin chi-square on the PIT, and the two-sample G-test (the method
+   at the statistics level, not through HTTP.  Seven directions r_t: toward the argmax (greedy-
+   like), toward uniform over the support, hotter (p^0.5), colder (p^2), top-2 swapped, a
+   random permutation of p_t, and toward the tokens with 0.1 <= p < 0.4 (what a lossy
+   acceptance threshold does).  The auditor's test (surprise z + KS on the PIT + probability-
+   bin calibration, Bonferroni) is applied as ``spectest.audit.distribution`` does;
+   alternatives measured on the same draws: each statistic alone, a 20-bin chi-square on the
+   PIT, and the two-sample G-test (the method
    the issue suggests: k draws per prompt from each server, G-test per prompt, Bonferroni over
    prompts) given the same candidate-token budget plus as many baseline tokens, in its best
    case (all draws at one prefix per prompt, one token each).
@@ -50,7 +52,8 @@ from spectest.audit.prompts import load_records, tokenize
 from spectest.audit.servers import ServerProcess, ServerSpec
 from spectest.audit.settings import AuditSettings
 
-FAMILIES = ("toward-argmax", "toward-uniform", "hotter", "colder", "swap-top2", "permute")
+FAMILIES = ("toward-argmax", "toward-uniform", "hotter", "colder", "swap-top2", "permute",
+            "toward-mid")
 TV = 0.05
 
 
@@ -95,6 +98,10 @@ def shifted(p: np.ndarray, family: str, rng: np.random.Generator) -> tuple[np.nd
     elif family in ("hotter", "colder"):
         r = np.where(mask, p ** (0.5 if family == "hotter" else 2.0), 0)
         r /= r.sum(1, keepdims=True)
+    elif family == "toward-mid":  # what a lossy acceptance threshold does: 0.1 <= p < 0.4
+        r = np.where((p >= 0.1) & (p < 0.4), p, 0)
+        r = np.where(r.sum(1, keepdims=True) > 0, r, p)
+        r /= r.sum(1, keepdims=True)
     elif family == "swap-top2":
         r = p.copy()
         r[:, [0, 1]] = p[:, [1, 0]]
@@ -126,8 +133,19 @@ def pit_pvalues(p: np.ndarray, j: np.ndarray, rng: np.random.Generator) -> dict[
     p_z = float(2 * stats.norm.sf(abs(z)))
     p_ks = float(stats.kstest(u, "uniform").pvalue)
     counts = np.histogram(u, bins=20, range=(0, 1))[0]
-    return {"auditor": min(1.0, 2 * min(p_z, p_ks)), "z only": p_z, "KS only": p_ks,
-            "chi2 20 bins": float(stats.chisquare(counts).pvalue)}
+    edges = np.array(distribution.PROB_BINS)
+    bins = np.clip(np.searchsorted(edges, p, side="right") - 1, 0, len(edges) - 2)
+    mass = np.zeros((len(p), len(edges) - 1))
+    for b in range(len(edges) - 1):
+        mass[:, b] = np.where((bins == b) & (p > 0), p, 0).sum(1)
+    observed = np.bincount(bins[rows, j], minlength=len(edges) - 1)
+    expected = mass.sum(0)
+    keep = np.nonzero(expected > 5)[0][:-1]
+    d = (observed - expected)[keep]
+    cov = (np.diag(expected) - mass.T @ mass)[np.ix_(keep, keep)]
+    p_cal = float(stats.chi2.sf(d @ np.linalg.lstsq(cov, d, rcond=None)[0], len(keep)))
+    return {"auditor": min(1.0, 3 * min(p_z, p_ks, p_cal)), "z only": p_z, "KS only": p_ks,
+            "calibration only": p_cal, "chi2 20 PIT bins": float(stats.chisquare(counts).pvalue)}
 
 
 def gtest_pvalue(p_first: np.ndarray, q_first: np.ndarray, m: int,
@@ -150,7 +168,8 @@ def simulate(pool, firsts, n, reps, alpha, g_reps, seed) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
     out = []
     for family in ("null",) + FAMILIES:
-        rejections = {k: 0 for k in ("auditor", "z only", "KS only", "chi2 20 bins")}
+        rejections = {k: 0 for k in ("auditor", "z only", "KS only", "calibration only",
+                                     "chi2 20 PIT bins")}
         tvs = []
         for _ in range(reps):
             p = pool[rng.integers(len(pool), size=n)]

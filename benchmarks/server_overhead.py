@@ -1,21 +1,30 @@
 """Benchmark: what HTTP streaming and telemetry cost on top of the in-process engine.
 
 Three ways to run the same fixed-length greedy generations (``ignore_eos``, same prompt, same
-K, so every request takes the same rounds), each at concurrency 1 and 8, in one run:
+K, so every request takes the same rounds), each at concurrency 1 and 8, in one run, each mode
+in its own process built the way ``spectest serve`` builds it (same engine settings, one torch
+thread):
 
-* ``engine``         — the baseline: a :class:`SpecEngine` on its own thread, requests submitted
-  in-process by a closed loop (a finished request submits the next one);
-* ``http``           — ``spectest serve``'s server in a subprocess, streamed over HTTP on
-  127.0.0.1 by an aiohttp client, telemetry off (no tracer provider; the metric observers are
-  removed, so no collector moves);
+* ``engine``         — the baseline: the :class:`SpecEngine` on its own thread, requests
+  submitted in-process by a closed loop (a finished request submits the next one);
+* ``http``           — ``spectest serve``'s server streamed over HTTP on 127.0.0.1 by an aiohttp
+  client in this process, telemetry off (no tracer provider; the metric observers removed, so
+  no collector moves);
 * ``http+telemetry`` — the same server with Prometheus metrics and OpenTelemetry tracing to a
   JSON-lines file, as ``spectest serve --trace-file`` runs it.
 
 Modes alternate within each repeat (the order rotates) so that drift on a busy machine hits
-them alike; the figure is the median over repeats. Printed: tokens/s per mode and
-concurrency, each ratio to the in-process baseline at the same concurrency, and telemetry on
-vs off. Targets: ``http+telemetry`` ≥ 0.90 × ``engine`` at concurrency 1 (HTTP + telemetry cost
-at most 10 %), and ``http+telemetry`` ≥ 0.97 × ``http`` (tracing + metrics cost at most 3 %).
+them alike; figures are medians over repeats. Two measures: tokens/s (wall clock) and tokens
+per CPU-second of the serving process (user + system time of all its threads, from /proc) —
+on a machine whose cores are shared with other work, wall-clock figures swing by 2× from run
+to run while the CPU-normalized ones stay within a few %. Printed: both per mode and
+concurrency, each mode's ratio to the in-process baseline at the same concurrency, and
+telemetry on vs off. Targets: ``http+telemetry`` ≥ 0.90 × ``engine`` at concurrency 1 (HTTP +
+telemetry cost at most 10 %), ``http+telemetry`` ≥ 0.97 × ``http`` (tracing + metrics cost at
+most 3 %; checked at every concurrency), on paired ratios. ``--strict`` exits 1 when one is
+missed. Last, where the telemetry time goes: the engine process runs once more per concurrency
+with the server's metrics and tracing attached, and reports the thread CPU time of each part
+per engine round and as a share of the process's CPU.
 
     python benchmarks/server_overhead.py [--models DIR] [--max-tokens 128] [--requests 8]
         [--repeats 5] [--concurrency 1 8] [--out results.json] [--strict]
@@ -39,11 +48,16 @@ from pathlib import Path
 import aiohttp
 import pandas as pd
 import torch
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from prometheus_client import CollectorRegistry
 
 from spectest.engine.api import MODELS_DIR, build_engine
 from spectest.engine.policies import make_policy
 from spectest.engine.requests import GenerationRequest
 from spectest.engine.sampling import SamplingParams
+from spectest.telemetry.metrics import ServingMetrics
+from spectest.telemetry.tracing import JsonLinesExporter, RoundTracer
 
 NAME = "bench"
 PROMPT = "def fibonacci(n):\n    "
@@ -53,7 +67,7 @@ TARGET_TELEMETRY = 0.97  # http+telemetry / http
 START_LINE = re.compile(r"spectest serving .* at (http://[0-9.]+:\d+)")
 
 
-# --- the server side (a subprocess running this file with --serve) ----------------------------
+# --- the mode processes (this file run with the hidden --serve flag) -----------------------
 class NullMetrics:
     """Telemetry off: every metric call of the server does nothing (the collectors stay
     registered and never move); only the bounded workload mapping is kept."""
@@ -65,23 +79,117 @@ class NullMetrics:
         return lambda *args, **kwargs: None
 
 
+class Accounting:
+    """Telemetry wired to the in-process engine the way ``Server`` wires it, with the thread
+    CPU time of each part summed in ``spent`` — where the telemetry time goes."""
+
+    PARTS = ("metrics per round", "spans per round: engine thread",
+             "spans per round: span worker", "span export", "per request")
+
+    def __init__(self, engine, trace_file: Path):
+        self.spent = dict.fromkeys(self.PARTS, 0.0)
+        self.metrics = ServingMetrics(CollectorRegistry(), NAME, engine.drafter.name)
+        exporter = JsonLinesExporter(trace_file)
+        exporter.export = self.timed("span export", exporter.export)
+        self.provider = TracerProvider()
+        self.provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500))
+        self.rounds = RoundTracer(self.provider)
+        self.tracer = self.provider.get_tracer("bench")
+        self.rounds.trace = self.timed("spans per round: span worker", self.rounds.trace)
+        self.observers = [self.timed("metrics per round", self.metrics.observe_round),
+                          self.timed("spans per round: engine thread", self.rounds)]
+        self.submitted = self.timed("per request", self._submitted)
+        self.finished = self.timed("per request", self._finished)
+        self.spans: dict[str, object] = {}
+
+    def timed(self, part: str, fn):
+        def wrapper(*args):
+            t0 = time.thread_time()
+            try:
+                return fn(*args)
+            finally:
+                self.spent[part] += time.thread_time() - t0
+        return wrapper
+
+    def _submitted(self, rid: str) -> None:
+        self.spans[rid] = self.tracer.start_span(f"text_completion {NAME}")
+        self.rounds.register(rid, self.spans[rid])
+
+    def _finished(self, rid: str, out) -> None:
+        self.metrics.observe_request("none", out.stats, out.finish_reason)
+        self.rounds.unregister(rid)
+        self.spans.pop(rid).end()
+
+
+def run_engine(engine, concurrency: int, n: int, prompt_ids: tuple[int, ...],
+               max_tokens: int, acct: Accounting | None = None) -> tuple[int, float]:
+    """Closed loop in-process: keep ``concurrency`` requests in flight until n are done."""
+    lock, all_done = threading.Lock(), threading.Event()
+    state = {"next": 0, "finished": 0, "tokens": 0}
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+    def submit() -> None:
+        with lock:
+            if state["next"] >= n:
+                return
+            i = state["next"]
+            state["next"] += 1
+        rid = f"bench-{time.monotonic_ns()}-{i}"
+        if acct:
+            acct.submitted(rid)
+        engine.submit(GenerationRequest(rid, prompt_ids, params), on_output)
+
+    def on_output(out) -> None:  # on the engine thread
+        if acct and out.finished:
+            acct.finished(out.request_id, out)
+        with lock:
+            state["tokens"] += len(out.token_ids)
+            if out.finished:
+                state["finished"] += 1
+                if out.finish_reason != "length":
+                    raise RuntimeError(f"unexpected finish {out.finish_reason}: {out.error}")
+                if state["finished"] == n:
+                    all_done.set()
+        if out.finished:
+            submit()
+
+    t0 = time.perf_counter()
+    for _ in range(concurrency):
+        submit()
+    if not all_done.wait(600):
+        raise RuntimeError("the in-process run did not finish")
+    return state["tokens"], time.perf_counter() - t0
+
+
 def serve_engine(args) -> None:
     """The baseline process: build the engine like ``spectest serve`` does, then run closed
-    loops on command (one ``concurrency requests`` line on stdin → one JSON line out)."""
+    loops on command (a ``concurrency requests accounting`` line on stdin → a JSON line out;
+    with accounting, the server's telemetry is attached and its CPU time reported by part)."""
     torch.set_num_threads(args.threads)
     engine = build_engine(args.models / "target", args.models / "draft", "draft-model",
                           make_policy("fixed", k=args.k), max_num_seqs=max(args.concurrency),
                           max_model_len=args.max_model_len)
     prompt_ids = tuple(engine.tokenizer.encode(PROMPT))
+    acct = Accounting(engine, args.trace_file)
     engine.start()
     print("engine ready at in-process", flush=True)
     try:
         for line in sys.stdin:
-            c, n = map(int, line.split())
-            tokens, seconds = run_engine(engine, c, n, prompt_ids, args.max_tokens)
-            print(json.dumps({"tokens": tokens, "seconds": seconds}), flush=True)
+            c, n, accounting = map(int, line.split())
+            engine.observers[:] = acct.observers if accounting else []
+            acct.spent = dict.fromkeys(acct.PARTS, 0.0)
+            rounds, cpu = engine.rounds, time.process_time()
+            tokens, seconds = run_engine(engine, c, n, prompt_ids, args.max_tokens,
+                                         acct if accounting else None)
+            acct.rounds.flush()
+            acct.provider.force_flush()
+            print(json.dumps({"tokens": tokens, "seconds": seconds, "spent": acct.spent,
+                              "rounds": engine.rounds - rounds,
+                              "cpu": time.process_time() - cpu}), flush=True)
     finally:
         engine.stop()
+        acct.rounds.shutdown()
+        acct.provider.shutdown()
 
 
 def serve(args) -> None:
@@ -102,6 +210,7 @@ def serve(args) -> None:
     asyncio.run(cli._run(server, "127.0.0.1", 0, f"telemetry {args.serve}"))
 
 
+# --- the driver ----------------------------------------------------------------------------
 class ModeProcess:
     """One mode's process: ``engine`` (driven over stdin) or a server (``off``/``on``)."""
 
@@ -132,14 +241,15 @@ class ModeProcess:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    def run_engine(self, concurrency: int, n: int) -> tuple[int, float]:
-        self.proc.stdin.write(f"{concurrency} {n}\n")
+    def run_engine(self, concurrency: int, n: int, accounting: bool = False) -> dict:
+        self.proc.stdin.write(f"{concurrency} {n} {int(accounting)}\n")
         self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the engine process died (exit {self.proc.wait()})")
-        result = json.loads(line)
-        return result["tokens"], result["seconds"]
+        line = ""
+        while not line.startswith("{"):  # skip anything else the process printed
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"the engine process died (exit {self.proc.wait()})")
+        return json.loads(line)
 
     def stop(self) -> None:
         if self.proc.stdin:
@@ -150,43 +260,6 @@ class ModeProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-
-
-# --- the client side ----------------------------------------------------------------------
-def run_engine(engine, concurrency: int, n: int, prompt_ids: tuple[int, ...],
-               max_tokens: int) -> tuple[int, float]:
-    """Closed loop in-process: keep ``concurrency`` requests in flight until n are done."""
-    lock, all_done = threading.Lock(), threading.Event()
-    state = {"next": 0, "finished": 0, "tokens": 0}
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-
-    def submit() -> None:
-        with lock:
-            if state["next"] >= n:
-                return
-            i = state["next"]
-            state["next"] += 1
-        engine.submit(GenerationRequest(f"bench-{time.monotonic_ns()}-{i}", prompt_ids, params),
-                      on_output)
-
-    def on_output(out) -> None:  # on the engine thread
-        with lock:
-            state["tokens"] += len(out.token_ids)
-            if out.finished:
-                state["finished"] += 1
-                if out.finish_reason != "length":
-                    raise RuntimeError(f"unexpected finish {out.finish_reason}: {out.error}")
-                if state["finished"] == n:
-                    all_done.set()
-        if out.finished:
-            submit()
-
-    t0 = time.perf_counter()
-    for _ in range(concurrency):
-        submit()
-    if not all_done.wait(600):
-        raise RuntimeError("the in-process run did not finish")
-    return state["tokens"], time.perf_counter() - t0
 
 
 async def run_http(url: str, concurrency: int, n: int, max_tokens: int) -> tuple[int, float]:
@@ -225,25 +298,27 @@ METRICS = {"tok_s": "tokens/s (wall clock)",
            "tok_per_cpu_s": "tokens per CPU-second of the serving process"}
 
 
-def summarize(rows: list[dict]) -> tuple[pd.DataFrame, dict[str, float]]:
-    """Median (and spread) per concurrency × mode for both measures, each mode's ratio to the
-    in-process engine at the same concurrency, and the named ratios the targets apply to."""
+def summarize(rows: list[dict]) -> tuple[pd.DataFrame, dict[str, tuple[float, float, float]]]:
+    """Medians (and wall-clock spread) per concurrency × mode for both measures, each mode's
+    ratio to the in-process engine at the same concurrency, and the named ratios the targets
+    apply to — paired: each repeat's ratio of runs made back to back, then the median over
+    repeats with its min and max, which cancels most of the machine's slow drift."""
     df = pd.DataFrame(rows)
     table = df.groupby(["concurrency", "mode"]).agg(
         runs=("tok_s", "count"), tok_s=("tok_s", "median"), tok_s_min=("tok_s", "min"),
         tok_s_max=("tok_s", "max"), tok_per_cpu_s=("tok_per_cpu_s", "median"))
-    ratios: dict[str, float] = {}
+    ratios: dict[str, tuple[float, float, float]] = {}
     for metric in METRICS:
         base = table[metric].xs("engine", level="mode")
         table[f"{metric}_vs_engine"] = table[metric] / base.reindex(
             table.index.get_level_values("concurrency")).to_numpy()
-        for c in base.index:
-            med = table[metric].xs(c, level="concurrency")
-            if {"http", "http+telemetry"} <= set(med.index):
-                ratios[f"{metric}: telemetry on / off, c={c}"] = \
-                    med["http+telemetry"] / med["http"]
-                ratios[f"{metric}: http+telemetry / engine, c={c}"] = \
-                    med["http+telemetry"] / med["engine"]
+        paired = df.pivot_table(index=["concurrency", "repeat"], columns="mode", values=metric)
+        for c, runs in paired.groupby(level="concurrency"):
+            for name, num, den in (("telemetry on / off", "http+telemetry", "http"),
+                                   ("http+telemetry / engine", "http+telemetry", "engine")):
+                if {num, den} <= set(runs.columns):
+                    r = (runs[num] / runs[den]).dropna()
+                    ratios[f"{metric}: {name}, c={c}"] = (r.median(), r.min(), r.max())
     return table.reset_index(), ratios
 
 
@@ -258,19 +333,22 @@ def target_of(name: str) -> float | None:
 def measure(args) -> int:
     rows: list[dict] = []
     workdir = Path(tempfile.mkdtemp(prefix="spectest-overhead-"))
-    procs = {mode: ModeProcess(args, kind, workdir / f"{kind}.jsonl")
-             for mode, kind in zip(MODES, ("engine", "off", "on"))}
+    procs: dict[str, ModeProcess] = {}
+    accounts: list[dict] = []
 
     def once(mode: str, c: int, n: int) -> tuple[int, float, float]:
         proc = procs[mode]
         cpu0 = proc.cpu_seconds()
         if mode == "engine":
-            tokens, seconds = proc.run_engine(c, n)
+            result = proc.run_engine(c, n)
+            tokens, seconds = result["tokens"], result["seconds"]
         else:
             tokens, seconds = asyncio.run(run_http(proc.url, c, n, args.max_tokens))
         return tokens, seconds, proc.cpu_seconds() - cpu0
 
     try:
+        for mode, kind in zip(MODES, ("engine", "off", "on")):
+            procs[mode] = ModeProcess(args, kind, workdir / f"{kind}.jsonl")
         for mode in MODES:  # warm-up: first forwards, connection set-up, allocator pools
             once(mode, max(args.concurrency), max(args.concurrency))
         for r in range(args.repeats):
@@ -288,6 +366,16 @@ def measure(args) -> int:
                           f"{seconds:.2f} s)", flush=True)
                     if args.out:
                         write_atomic(args.out, {"rows": rows})
+        top = max(args.concurrency)
+        procs["engine"].run_engine(top, top, accounting=True)  # warm-up of the telemetry path
+        for c in args.concurrency:  # where the telemetry time goes, part by part
+            acct = procs["engine"].run_engine(c, args.requests * c, accounting=True)
+            accounts.append({"concurrency": c, "rounds": acct["rounds"],
+                             "round_cpu_ms": 1e3 * acct["cpu"] / acct["rounds"],
+                             **{f"{part} ms/round": 1e3 * v / acct["rounds"]
+                                for part, v in acct["spent"].items()},
+                             "telemetry % of CPU": 100 * sum(acct["spent"].values())
+                             / acct["cpu"]})
     except KeyboardInterrupt:
         print("interrupted: summarizing the runs so far", file=sys.stderr)
     finally:
@@ -305,15 +393,19 @@ def measure(args) -> int:
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}" if v < 10
                           else f"{v:.1f}"))
     ok = True
-    for name, ratio in ratios.items():
+    print("\npaired ratios (median over repeats [min, max]):")
+    for name, (ratio, low, high) in ratios.items():
         target = target_of(name)
         verdict = "" if target is None else \
             f"  {'PASS' if ratio >= target else 'MISS'} (target >= {target:.2f})"
         ok &= target is None or ratio >= target
-        print(f"{name}: {ratio:.3f}{verdict}")
+        print(f"{name}: {ratio:.3f} [{low:.3f}, {high:.3f}]{verdict}")
+    if accounts:
+        print("\nwhere the telemetry time goes (in-process, thread CPU time per engine round):")
+        print(pd.DataFrame(accounts).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     if args.out:
         write_atomic(args.out, {"rows": rows, "summary": table.to_dict("records"),
-                                "ratios": ratios})
+                                "ratios": ratios, "telemetry_accounting": accounts})
     return 0 if ok or not args.strict else 1
 
 
@@ -346,7 +438,11 @@ def main() -> int:
     if args.serve:
         serve(args)
         return 0
-    return measure(args)
+    try:
+        return measure(args)
+    except RuntimeError as exc:  # a mode process failed: one line, not a traceback
+        print(f"server_overhead: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ class Client:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=10)
         self._retries = retries
         self._session: aiohttp.ClientSession | None = None
+        self._echo_tokens = 0  # max_tokens for echo scoring: 0, or 1 where 0 is refused
         self.requests = 0
 
     @property
@@ -143,13 +144,27 @@ class Client:
         return Completion(tuple(p.token for p in positions), positions,
                           choice.get("finish_reason"), data.get("spec"))
 
+    async def _echo(self, prompt, logprobs: int) -> tuple[dict, int | None]:
+        """An echo request that generates nothing (``max_tokens: 0``, the OpenAI scoring idiom);
+        servers that insist on ``max_tokens >= 1`` get 1, and the extra token is dropped.
+        Returns (the choice's logprobs object, the prompt's token count if reported)."""
+        body = {"model": self.model, "prompt": prompt, "max_tokens": self._echo_tokens,
+                "echo": True, "logprobs": logprobs, "return_tokens_as_token_ids": True,
+                "temperature": 0}
+        try:
+            data = await self._call("POST", "/v1/completions", body)
+        except AuditError as exc:
+            if self._echo_tokens or "max_tokens" not in str(exc):
+                raise
+            self._echo_tokens = 1
+            return await self._echo(prompt, logprobs)
+        usage = data.get("usage") or {}
+        return _choice(data, self.role).get("logprobs"), usage.get("prompt_tokens")
+
     async def score(self, ids: list[int], logprobs: int) -> tuple[Position | None, ...]:
         """Echo scoring: each token's logprob (and top-n) given the tokens before it."""
-        body = {"model": self.model, "prompt": ids, "max_tokens": 0, "echo": True,
-                "logprobs": logprobs, "return_tokens_as_token_ids": True, "temperature": 0}
-        data = await self._call("POST", "/v1/completions", body)
-        choice = _choice(data, self.role)
-        out = parse_logprobs(choice.get("logprobs"), f"the {self.role} (echo scoring)",
+        lp, _ = await self._echo(ids, logprobs)
+        out = parse_logprobs(lp, f"the {self.role} (echo scoring)",
                              logprobs if len(ids) > 1 else 0, skip_first_none=True)
         if len(out) < len(ids) or [p.token for p in out[1:len(ids)]] != list(ids[1:]):
             raise AuditError(f"the {self.role} does not support echo scoring of token-id "
@@ -158,15 +173,13 @@ class Client:
         return out[:len(ids)]
 
     async def tokenize(self, text: str) -> list[int]:
-        """Token ids of ``text`` as this server tokenizes it (echo with max_tokens 0)."""
-        body = {"model": self.model, "prompt": text, "max_tokens": 0, "echo": True,
-                "logprobs": 0, "return_tokens_as_token_ids": True, "temperature": 0}
-        data = await self._call("POST", "/v1/completions", body)
-        lp = _choice(data, self.role).get("logprobs")
+        """Token ids of ``text`` as this server tokenizes it (echo, nothing generated)."""
+        lp, n_prompt = await self._echo(text, 0)
         if not isinstance(lp, dict) or not lp.get("tokens"):
             raise AuditError(f"the {self.role} returned no tokens for an echo request; the "
                              f"auditor needs echo + logprobs on /v1/completions")
-        return [parse_token(t, f"the {self.role}") for t in lp["tokens"]]
+        tokens = [parse_token(t, f"the {self.role}") for t in lp["tokens"]]
+        return tokens[:n_prompt] if self._echo_tokens and n_prompt else tokens
 
 
 def _error_message(data, text: str) -> str:

@@ -23,6 +23,7 @@ Does not know: HTTP, sampling statistics or report files.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -48,7 +49,7 @@ class GreedyResult:
     prompts: int
     exact: int
     ties: tuple[Divergence, ...]
-    failures: tuple[Divergence, ...]
+    failures: tuple[Divergence, ...]  # largest margin first
     max_failures: int
     tie_tolerance: float
     candidate_drafts: int | None
@@ -69,7 +70,7 @@ class GreedyResult:
         d = self.failures[0]
         margin = "unknown margin" if d.margin is None else f"margin {d.margin:.3g} nats"
         return (f"{rate}; {len(self.failures)} real divergence(s) (tolerance "
-                f"{self.tie_tolerance:g} nats), first: prompt {d.prompt_id} at generated "
+                f"{self.tie_tolerance:g} nats), largest: prompt {d.prompt_id} at generated "
                 f"position {d.index + 1}, candidate {d.candidate_token} vs baseline "
                 f"{d.baseline_token}, {margin}")
 
@@ -133,7 +134,8 @@ def check(cases: Sequence[PromptCase], cand: Sequence[Completion], base: Sequenc
           gap_tolerance: float, max_failures: int = 0) -> GreedyResult:
     divergences = [compare(c, x, y, s, tie_tolerance, gap_tolerance)
                    for c, x, y, s in zip(cases, cand, base, scored)]
-    real = tuple(d for d in divergences if d is not None and not d.tie)
+    real = tuple(sorted((d for d in divergences if d is not None and not d.tie),
+                        key=lambda d: -(d.margin if d.margin is not None else math.inf)))
     ties = tuple(d for d in divergences if d is not None and d.tie)
     drafts = [c.drafts for c in cand if c.drafts is not None]
     return GreedyResult(len(cases), sum(d is None for d in divergences), ties, real,

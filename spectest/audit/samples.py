@@ -70,7 +70,7 @@ class PromptCase:
 
 
 def parse_token(text: str, where: str) -> int:
-    """``"token_id:42"`` → 42; anything else means the server ignored return_tokens_as_token_ids."""
+    """``"token_id:42"`` → 42; anything else: the server ignored return_tokens_as_token_ids."""
     if isinstance(text, str) and text.startswith("token_id:"):
         try:
             return int(text[len("token_id:"):])

@@ -47,7 +47,7 @@ class AuditSettings:
     logprobs: int = 20
     ignore_eos: bool = True
     # sampling for the distribution test
-    temperature: float = 0.8
+    temperature: float = 0.5
     top_p: float = 0.95
     top_k: int = 20
     # thresholds

@@ -90,6 +90,9 @@ def k_run(table: pd.DataFrame, workload: str | None = None, arm: str = "spec") -
         t = t[t.workload == workload]
     ks = t["k"].dropna() if "k" in t else pd.Series(dtype=float)
     ks = ks[ks > 0]
+    if not len(ks) and {"drafts", "draft_tokens"} <= set(t.columns):  # vLLM: no K gauge,
+        d = t[t.drafts.fillna(0) > 0]  # but draft tokens per draft is K for a fixed K
+        ks = (d.draft_tokens / d.drafts).round()
     return int(ks.mode().iloc[0]) if len(ks) else None
 
 
@@ -233,7 +236,7 @@ def profile_json(table: pd.DataFrame, workloads: list[str] | None = None,
     for c, cs in sorted(by_c.items()):
         t0 = float(np.mean([x.target_ms for x in cs])) / 1e3
         ce = float(np.mean([x.c_eff for x in cs]))
-        steps[str(int(round(c)))] = {str(kk): t0 * (1 + ce * kk) for kk in range(k_max + 1)}
+        steps[str(round(c))] = {str(kk): t0 * (1 + ce * kk) for kk in range(k_max + 1)}
     return {"step_seconds": steps, "accept_at_least": list(extend(p, k_max)),
             "meta": {"source": "spectest sweep K advisor", "k_run": k,
                      "workloads": list(dict.fromkeys(t.workload)),

@@ -23,6 +23,7 @@ This module knows no files, HTTP or plotting; ``find_all`` is what the report ca
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -59,6 +60,8 @@ class BreakPoint:
                 return f"≈ {_fmt_c(self.concurrency)} (between {_fmt_c(self.lower)} " \
                        f"and {_fmt_c(self.upper)})"
             return f"{_fmt_c(self.concurrency)}"
+        if self.status == BELOW and self.kind == "slo":
+            return f"none (missed at c={_fmt_c(self.concurrency)}, the lowest step)"
         if self.status == BELOW:
             return f"≤ {_fmt_c(self.concurrency)} (lowest step)"
         if self.status == NOT_REACHED:
@@ -72,6 +75,11 @@ def _fmt_c(c: float | None) -> str:
     if c is None or not math.isfinite(c):
         return "-"
     return f"{c:.0f}" if abs(c - round(c)) < 0.05 else f"{c:.1f}"
+
+
+def _n(x: float) -> str:
+    """A measured figure for evidence text: 4 significant digits, no exponent."""
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
 
 
 def _log_interp(c0: float, c1: float, y0: float, y1: float, target: float) -> float:
@@ -125,7 +133,7 @@ def crossover(table: pd.DataFrame, workload: str, metric: str = "tpot",
               arm: str = "spec", baseline: str = "base") -> BreakPoint:
     """The lowest concurrency from which speculation is no better than the baseline."""
     kind = f"crossover_{metric}"
-    col, _, _, label = METRICS[metric]
+    label = METRICS[metric][3]
     adv = advantage(table, workload, metric, arm, baseline)
     if adv.empty:
         return BreakPoint(kind, workload, None, NO_DATA, None,
@@ -133,7 +141,7 @@ def crossover(table: pd.DataFrame, workload: str, metric: str = "tpot",
     cs, a, tol = adv.concurrency.tolist(), adv.a.tolist(), adv.tol.tolist()
 
     def show(i: int) -> str:
-        return (f"c={_fmt_c(cs[i])}: spec {adv.spec[i]:.4g} vs base {adv.base[i]:.4g} "
+        return (f"c={_fmt_c(cs[i])}: spec {_n(adv.spec[i])} vs base {_n(adv.base[i])} "
                 f"({a[i]:+.1%})")
 
     j = next((i for i in range(len(cs))
@@ -200,7 +208,7 @@ def _miss(row: dict, col: str, slo: SLO) -> str:
     if col == "error_rate":
         return f"error rate {float(row[col]):.1%} > {slo.max_error_rate:.0%}"
     v = row.get(col)
-    shown = f"{float(v):.1f} ms" if _ok(v) else "no successful request"
+    shown = f"{_n(float(v))} ms" if _ok(v) else "no successful request"
     return f"{col.replace('_ms', '').replace('_', ' ')} {shown} > {slo.thresholds[col]:g} ms"
 
 
@@ -234,10 +242,10 @@ def knee(table: pd.DataFrame, workload: str, arm: str, flat_tol: float = FLAT_TO
                          f"(client-bound?)")
             continue
         plateau = max(tp[i:])
-        evidence = (f"throughput {tp[i]:.4g} tok/s at c={_fmt_c(cs[i])} and at most "
-                    f"{max(tp[i + 1:]):.4g} beyond (≤ +{flat_tol:.0%}), while "
+        evidence = (f"throughput {_n(tp[i])} tok/s at c={_fmt_c(cs[i])} and at most "
+                    f"{_n(max(tp[i + 1:]))} beyond (≤ +{flat_tol:.0%}), while "
                     f"{latency.replace('_ms', '').replace('_', ' ')} rose "
-                    f"{lat[i]:.4g} → {lat[-1]:.4g} ms by c={_fmt_c(cs[-1])}")
+                    f"{_n(lat[i])} → {_n(lat[-1])} ms by c={_fmt_c(cs[-1])}")
         if i == 0:
             return BreakPoint("knee", workload, arm, BELOW, cs[0], cs[0], cs[0], plateau,
                               evidence=evidence, notes=tuple(notes))
@@ -252,19 +260,28 @@ def knee(table: pd.DataFrame, workload: str, arm: str, flat_tol: float = FLAT_TO
 
 
 def past_saturation(series: pd.DataFrame, patience: int = 2, flat_tol: float = FLAT_TOL,
-                    rise_tol: float = RISE_TOL) -> str | None:
-    """Why a running series may stop (``patience`` steps past its knee), or None."""
-    if series.empty:
+                    rise_tol: float = RISE_TOL, latency: str = "e2el_p50_ms") -> str | None:
+    """Why a running series may stop, or None.
+
+    "Clearly past saturation": at least ``patience + 2`` steps measured (a curve, not a
+    couple of noisy points), ``patience`` of them beyond the knee, and latency at the last
+    step at least double the knee step's while throughput stayed flat.
+    """
+    if len(series) < patience + 2:
         return None
     workload, arm = series.workload.iloc[0], series.arm.iloc[0]
-    bp = knee(series, workload, arm, flat_tol, rise_tol)
+    bp = knee(series, workload, arm, flat_tol, rise_tol, latency)
     if bp.status not in (FOUND, BELOW):
         return None
-    steps_past = int((series.concurrency > bp.upper).sum())
-    if steps_past < patience:
+    s = series.sort_values("concurrency")
+    beyond = s[s.concurrency > bp.upper]
+    at_knee = s[s.concurrency == bp.upper][latency]
+    if len(beyond) < patience or at_knee.empty:
         return None
-    return (f"past saturation: knee ≈ c={_fmt_c(bp.concurrency)}, {steps_past} steps beyond "
-            f"it with flat throughput and rising latency ({bp.evidence})")
+    if not float(beyond[latency].iloc[-1]) >= 2 * float(at_knee.iloc[0]):
+        return None
+    return (f"past saturation: knee ≈ c={_fmt_c(bp.concurrency)}, {len(beyond)} steps beyond "
+            f"it with flat throughput and latency at least doubled ({bp.evidence})")
 
 
 # --- goodput and speedup --------------------------------------------------------------------
@@ -339,7 +356,7 @@ def resolution(table: pd.DataFrame) -> str:
     if not cs:
         return "no steps measured"
     shown = ", ".join(_fmt_c(c) for c in cs)
-    ratios = {round(b / a, 2) for a, b in zip(cs, cs[1:])}
+    ratios = {round(b / a, 2) for a, b in itertools.pairwise(cs)}
     kind = "doubling" if ratios == {2.0} else "explicit steps"
     return (f"concurrency steps {shown} ({kind}); points between steps are interpolated "
             f"linearly in log2(concurrency), so each lies somewhere between the two measured "

@@ -11,7 +11,8 @@
 
 Every function takes a list of sweeps: one sweep → colours are the arms; two (``compare``) →
 colours are still the arms, and line style tells the sweeps apart (first solid, second dashed).
-Break points are passed in, not recomputed. It draws; it does not decide.
+Break points are passed in, not recomputed. Figures are built with matplotlib's object API
+(``Figure``, no pyplot state), so nothing global changes. It draws; it does not decide.
 """
 
 from __future__ import annotations
@@ -20,15 +21,13 @@ import math
 from pathlib import Path
 
 import matplotlib
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import FixedLocator, NullLocator
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.ticker import FixedLocator, NullLocator  # noqa: E402
-
-from spectest.report import advisor  # noqa: E402
-from spectest.report.breakpoints import FOUND, BreakPoint, speedup_at  # noqa: E402
-from spectest.report.table import Sweep  # noqa: E402
+from spectest.report import advisor
+from spectest.report.breakpoints import FOUND, BreakPoint, advantage, speedup_at
+from spectest.report.table import Sweep
 
 ARM_COLOURS = {"spec": "#1a9850", "base": "#4d4d4d", "spec-advised": "#2166ac"}
 ARM_LABELS = {"spec": "speculation on", "base": "baseline (off)",
@@ -53,7 +52,8 @@ def _concurrency_axis(ax, sweeps: list[Sweep]) -> None:
 def _panels(sweeps: list[Sweep], title: str, height: float = 3.6):
     workloads = list(dict.fromkeys(w for s in sweeps for w in s.workloads))
     n = max(1, len(workloads))
-    fig, axes = plt.subplots(1, n, figsize=(4.3 * n + 0.6, height), squeeze=False)
+    fig = Figure(figsize=(4.3 * n + 0.6, height), layout="constrained")
+    axes = fig.subplots(1, n, squeeze=False)
     fig.suptitle(title, fontsize=12, fontweight="bold")
     return fig, list(axes[0]), workloads
 
@@ -64,21 +64,20 @@ def _label(sweeps: list[Sweep], i: int, arm: str) -> str:
 
 
 def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
     tmp = path.with_name(f".{path.stem}.tmp.png")
     fig.savefig(tmp, dpi=DPI)
-    plt.close(fig)
     tmp.replace(path)
     return path
 
 
 def _mark_crossover(ax, bps: list[BreakPoint], workload: str, kind: str, style: str,
-                    text: str) -> None:
+                    text: str, row: int = 0) -> None:
     for bp in bps:
         if bp.workload == workload and bp.kind == kind and bp.status == FOUND:
             ax.axvline(bp.concurrency, color="#d73027", ls=style, lw=1.3, alpha=0.9)
+            ax.axvspan(bp.concurrency, ax.get_xlim()[1] * 4, color="#d73027", alpha=0.05)
             ax.annotate(f"{text} ≈ {bp.concurrency:.1f}", (bp.concurrency, 1.0),
-                        xycoords=("data", "axes fraction"), xytext=(3, -12),
+                        xycoords=("data", "axes fraction"), xytext=(3, -12 - 11 * row),
                         textcoords="offset points", color="#d73027", fontsize=8)
 
 
@@ -92,8 +91,13 @@ def _mark_knees(ax, bps: list[BreakPoint], workload: str, sweep_i: int, col: str
             continue
         y = float(np.interp(math.log2(bp.concurrency), np.log2(s.concurrency.astype(float)),
                             s[col].astype(float)))
-        ax.plot([bp.concurrency], [y], marker="v", ms=9, color=ARM_COLOURS.get(bp.arm, "k"),
+        ax.plot([bp.concurrency], [y], marker="v", ms=9, ls="none",
+                color=ARM_COLOURS.get(bp.arm, "k"),
                 mec="white", zorder=5, label="saturation knee" if sweep_i == 0 else None)
+
+
+def _no_data(ax, text: str) -> None:
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", color="#777")
 
 
 def _legend(fig, axes) -> None:
@@ -104,14 +108,14 @@ def _legend(fig, axes) -> None:
                 handles[lab] = h
                 labels.append(lab)
     if handles:
-        fig.legend([handles[k] for k in labels], labels, loc="lower center",
-                   ncol=min(len(labels), 5), fontsize=8, frameon=False)
-        fig.subplots_adjust(bottom=0.28)
+        fig.legend([handles[k] for k in labels], labels, loc="outside lower center",
+                   ncol=min(len(labels), 5), fontsize=8, frameon=False, handlelength=3.5)
 
 
 # --- figures --------------------------------------------------------------------------------
 def speedup(sweeps: list[Sweep], bps: list[list[BreakPoint]], path: Path) -> Path:
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    axes = fig.subplots(1, 2)
     fig.suptitle("Does speculation pay? Speedup over the baseline at each load",
                  fontsize=12, fontweight="bold")
     specs = (("tpot", "TPOT speedup (baseline TPOT p50 / spec TPOT p50)", "crossover_tpot"),
@@ -133,8 +137,9 @@ def speedup(sweeps: list[Sweep], bps: list[list[BreakPoint]], path: Path) -> Pat
                     if bp.workload == w and bp.kind == kind and bp.status == FOUND:
                         ax.plot([bp.concurrency], [1.0], marker="X", ms=11, color=colour,
                                 mec="black", zorder=6)
-                        ax.annotate(f"{w}: {bp.concurrency:.1f}", (bp.concurrency, 1.0),
-                                    xytext=(4, 6 + 10 * wi), textcoords="offset points",
+                        row = wi + si * len(s.workloads)
+                        ax.annotate(f"{label}: {bp.concurrency:.1f}", (bp.concurrency, 1.0),
+                                    xytext=(4, 6 + 10 * row), textcoords="offset points",
                                     fontsize=8, color=colour)
         top = max([1.2] + [y * 1.08 for y in ys])
         bottom = min([0.8] + [y * 0.92 for y in ys])
@@ -149,12 +154,11 @@ def speedup(sweeps: list[Sweep], bps: list[list[BreakPoint]], path: Path) -> Pat
         ax.set_ylabel(ylabel, fontsize=9)
         _concurrency_axis(ax, sweeps)
     axes[0].legend(fontsize=8, loc="upper right", title="workload (X = crossover)",
-                   title_fontsize=8)
+                   title_fontsize=8, handlelength=3.5)
     return _save(fig, path)
 
 
 def _advantage(s: Sweep, workload: str, metric: str):
-    from spectest.report.breakpoints import advantage
     adv = advantage(s.table, workload, metric)
     if adv.empty:
         return None
@@ -184,7 +188,8 @@ def arms_vs_concurrency(sweeps: list[Sweep], bps: list[list[BreakPoint]], path: 
             if knees:
                 _mark_knees(ax, bps[si], w, si, col, by_arm)
             if crossover:
-                _mark_crossover(ax, bps[si], w, crossover, STYLES[si % 3], "crossover")
+                name = "crossover" if len(sweeps) == 1 else f"{s.label} crossover"
+                _mark_crossover(ax, bps[si], w, crossover, STYLES[si % 3], name, si)
             limit = s.slo.thresholds.get(slo_col) if slo_col else None
             if limit and si == 0:
                 ax.axhline(limit, color="#d73027", ls="--", lw=1, alpha=0.7,
@@ -201,7 +206,8 @@ def arms_vs_concurrency(sweeps: list[Sweep], bps: list[list[BreakPoint]], path: 
 
 
 def acceptance(sweeps: list[Sweep], path: Path) -> Path:
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.0))
+    fig = Figure(figsize=(11, 4.0), layout="constrained")
+    axes = fig.subplots(1, 2)
     fig.suptitle("How much of the draft the target accepts, as load rises",
                  fontsize=12, fontweight="bold")
     for si, s in enumerate(sweeps):
@@ -217,15 +223,20 @@ def acceptance(sweeps: list[Sweep], path: Path) -> Path:
     axes[0].set_ylabel("acceptance rate (accepted / drafted)")
     axes[0].set_ylim(0, 1.02)
     axes[1].set_ylabel("mean accepted length (tokens per round)")
-    axes[1].set_ylim(bottom=1.0)
+    if axes[1].lines:
+        axes[1].set_ylim(bottom=1.0, top=max(2.0, axes[1].get_ylim()[1]))
     for ax in axes:
         _concurrency_axis(ax, sweeps)
-    axes[0].legend(fontsize=8)
+    if axes[0].lines:
+        axes[0].legend(fontsize=8)
+    else:
+        _no_data(axes[0], "no acceptance figures (did the speculative arm run?)")
     return _save(fig, path)
 
 
 def acceptance_per_position(sweeps: list[Sweep], path: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(7.5, 4.0))
+    fig = Figure(figsize=(7.5, 4.0), layout="constrained")
+    ax = fig.subplots()
     ax.set_title("Per-position acceptance: P(draft token i accepted)", fontsize=12,
                  fontweight="bold")
     for si, s in enumerate(sweeps):
@@ -242,11 +253,17 @@ def acceptance_per_position(sweeps: list[Sweep], path: Path) -> Path:
                 vals = [row.get(f"acceptance_pos_{i}") for i in range(len(p))]
                 if all(v is not None and np.isfinite(v) for v in vals):
                     ax.plot(x, vals, color=colour, lw=0.8, alpha=0.35, ls=STYLES[si % 3])
+    if ax.lines:
+        ax.set_xticks(range(1, 1 + max(len(line.get_xdata()) for line in ax.lines)))
     ax.set_xlabel("draft position (1 = first drafted token)")
     ax.set_ylabel("share of drafts accepted up to here")
     ax.set_ylim(0, 1.02)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, title="bold: all steps; faint: each concurrency", title_fontsize=7)
+    if ax.lines:
+        ax.legend(fontsize=8, title="bold: all steps; faint: each concurrency",
+                  title_fontsize=7)
+    else:
+        _no_data(ax, "no per-position acceptance reported")
     return _save(fig, path)
 
 
@@ -257,7 +274,7 @@ def k_advisor(sweeps: list[Sweep], path: Path) -> Path | None:
     if not advice:
         return None
     fig, axes, _ = _panels([s], "K advisor: predicted speedup vs draft length K", 3.9)
-    cmap = plt.get_cmap("viridis")
+    cmap = matplotlib.colormaps["viridis"]
     for ax, (w, items) in zip(axes, advice.items()):
         for i, a in enumerate(items):
             colour = cmap(i / max(1, len(items) - 1) * 0.85)
@@ -275,7 +292,8 @@ def k_advisor(sweeps: list[Sweep], path: Path) -> Path | None:
         ax.set_xlabel("draft length K (0 = speculation off)")
         ax.set_ylabel("speedup over the baseline")
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7, title="★ best K  × measured  ◆ advised", title_fontsize=7)
+        ax.legend(fontsize=7, title="★ best K  × measured  ◆ advised", title_fontsize=7,
+                  loc="best")
     for ax in axes[len(advice):]:
         ax.set_visible(False)
     return _save(fig, path)

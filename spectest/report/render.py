@@ -91,23 +91,27 @@ def verdict(sweep: Sweep, w: str, found: list[bpm.BreakPoint]) -> str:
                                                        f"(the lowest step both arms ran)"
     faster = s.tpot is not None and s.tpot > 1
     text = (f"**{w}**: at {where} speculation is **{_x(s.tpot)}** "
-            f"{'faster' if faster else 'as fast'} per output token (throughput "
+            f"{'faster' if faster else 'as fast (slower)'} per output token (throughput "
             f"{_x(s.throughput)}; acceptance {fmt(s.acceptance_rate, '.2f')}, mean accepted "
             f"length {fmt(s.mean_accepted_length, '.2f')}). ")
     ct, cq = by.get(("crossover_tpot", None)), by.get(("crossover_throughput", None))
-    if ct is not None:
-        if ct.status == bpm.FOUND:
-            text += f"It stops paying at **c ≈ {ct.concurrency:.1f}** on TPOT " \
-                    f"(between {ct.lower:g} and {ct.upper:g})"
-        elif ct.status == bpm.BELOW:
-            text += "It is no better on TPOT even at the lowest step"
-        elif ct.status == bpm.NOT_REACHED:
-            text += f"It still pays on TPOT at the highest step measured (c={ct.upper:g})"
-        else:
-            text += "TPOT crossover: no data"
-    if cq is not None:
-        text += f" and {cq.headline()} on throughput." if cq.status != bpm.NO_DATA else "."
-    return text
+    crossings = "; ".join(_crossing(b, m) for b, m in ((ct, "TPOT"), (cq, "throughput"))
+                          if b is not None)
+    return text + crossings[:1].upper() + crossings[1:] + "."
+
+
+def _crossing(bp: bpm.BreakPoint, metric: str) -> str:
+    dips = [m.group(1) for n in bp.notes if (m := re.search(r"at c=([\d.]+)", n))]
+    but = (f" (though no better at c={', '.join(dips)}, then ahead again: noise?)"
+           if dips else "")
+    if bp.status == bpm.FOUND:
+        return (f"on {metric} it stops paying at **c ≈ {bp.concurrency:.1f}** (between "
+                f"{bp.lower:g} and {bp.upper:g}){but}")
+    if bp.status == bpm.BELOW:
+        return f"on {metric} it is no better even at the lowest step (c={bp.concurrency:g})"
+    if bp.status == bpm.NOT_REACHED:
+        return f"on {metric} it still pays at the highest step measured (c={bp.upper:g}){but}"
+    return f"no {metric} crossover (no data)"
 
 
 def document(sweep: Sweep, found: list[bpm.BreakPoint], figures: dict) -> list[Section]:
@@ -131,9 +135,7 @@ def document(sweep: Sweep, found: list[bpm.BreakPoint], figures: dict) -> list[S
     ]
     machine = info.get("machine") or {}
     if machine:
-        setup.append(f"Machine: {machine.get('cpus')} CPUs, load average at start "
-                     f"{fmt((machine.get('loadavg_at_start') or [None])[0], '.1f')} — client "
-                     f"and server share it when the server is embedded.")
+        setup.append(busy_machine(machine, t))
     notes = list(info.get("notes") or [])
     sections.append(Section("Setup", [Bullets(setup)] + ([Bullets(notes)] if notes else [])))
 
@@ -192,6 +194,20 @@ def document(sweep: Sweep, found: list[bpm.BreakPoint], figures: dict) -> list[S
     return sections
 
 
+def busy_machine(machine: dict, t: pd.DataFrame) -> str:
+    """The machine line, with a warning when other work competed with the sweep."""
+    cpus = machine.get("cpus") or 0
+    loads = [float(x) for x in t.get("loadavg", pd.Series(dtype=float)).dropna()]
+    loads += [float((machine.get("loadavg_at_start") or [0])[0])]
+    text = (f"Machine: {cpus} CPUs; 1-minute load average {min(loads):.1f}–{max(loads):.1f} "
+            f"during the sweep (its own server and client count for about 2 when embedded).")
+    if cpus and max(loads) > cpus + 2:
+        text += (f" **The machine was busy with other work (load up to {max(loads):.1f} on "
+                 f"{cpus} CPUs): differences between arms of a few tens of percent may be "
+                 f"noise; re-run on a quiet machine or with longer --step-time.**")
+    return text
+
+
 def _server(info: dict) -> str:
     server, hosts = info.get("server") or {}, info.get("hosts") or {}
     cfg = info.get("config") or {}
@@ -240,7 +256,7 @@ STEP_COLUMNS = (("workload", "workload", None), ("arm", "arm", None), ("c", "con
                 ("E2EL p99", "e2el_p99_ms", ".0f"), ("tok/s", "output_tokens_per_s", ".0f"),
                 ("±", "output_tokens_per_s_rse", ".0%"), ("goodput", "goodput_rps", ".2f"),
                 ("accept", "acceptance_rate", ".2f"), ("len", "mean_accepted_length", ".2f"),
-                ("K", "k", ".3g"))
+                ("K", "k", ".3g"), ("load", "loadavg", ".1f"))
 
 
 def steps_section(sweep: Sweep) -> Section:
@@ -346,10 +362,10 @@ def render_report(folder: str | Path, out: str | Path | None = None,
     return Rendered(page, md, figures)
 
 
-def summary_lines(folder: str | Path) -> list[str]:
+def summary_lines(folder: str | Path, slo: SLO | None = None) -> list[str]:
     """A few terminal lines: per workload the speedup at c=1 and the break points."""
     sweep = load_sweep(folder)
-    found = bpm.find_all(sweep.table, sweep.slo, sweep.workloads)
+    found = bpm.find_all(sweep.table, slo or sweep.slo, sweep.workloads)
     by = {(b.workload, b.kind, b.arm): b for b in found}
     lines = []
     for w in sweep.workloads:

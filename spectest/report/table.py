@@ -31,6 +31,7 @@
     rounds, mean_batch          engine rounds and requests per round (spectest servers)
     draft_ms_per_round,         mean drafting and verify time of one engine round (spectest
     verify_ms_per_round         servers: ``spec_decode_{draft,verify}_time_seconds``)
+    loadavg                     the host's 1-minute load average at the step's end (noise)
     run_dir                     the Locust results folder of the step (relative)
     =========================== ===========================================================
 
@@ -63,7 +64,8 @@ COLUMNS = (["workload", "arm", "concurrency", "k", "started_at", "duration_s", "
               "tpot_p50_rse", "requests_per_s", "goodput_rps", "slo_attainment",
               "tokens_per_chunk", "acceptance_source", "drafts", "draft_tokens",
               "accepted_tokens", "acceptance_rate", "mean_accepted_length", "rounds",
-              "mean_batch", "draft_ms_per_round", "verify_ms_per_round", "run_dir"])
+              "mean_batch", "draft_ms_per_round", "verify_ms_per_round", "loadavg",
+              "run_dir"])
 
 
 class SweepError(ValueError):

@@ -29,22 +29,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    console = Console(highlight=False)
-    err = Console(stderr=True, highlight=False)
+    console = Console(highlight=False, soft_wrap=True)
     try:
         cfg = config_mod.SweepConfig.from_args(args, time.strftime("%Y%m%d-%H%M%S"))
     except config_mod.ConfigError as e:
-        err.print(f"spectest sweep: {e}", markup=False)
+        print(f"spectest sweep: {e}", file=sys.stderr)
         return 2
     runner = SweepRunner(cfg, Display(console))
     with sigterm_as_interrupt():
         try:
             result = runner.run()
         except ServerStartError as e:
-            err.print(f"spectest sweep: {e}", markup=False)
+            print(f"spectest sweep: {e}", file=sys.stderr)
             return 2
     if result.status == "failed":
-        err.print(f"spectest sweep: {result.message}", markup=False)
+        print(f"spectest sweep: {result.message}", file=sys.stderr)
         if not result.steps:
             return 2
     if result.status == "interrupted":

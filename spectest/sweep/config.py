@@ -93,7 +93,8 @@ def parse_steps(text: str, max_concurrency: int) -> tuple[int, ...]:
         try:
             steps = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
         except ValueError:
-            raise ConfigError(f"--steps must be whole numbers like 1,2,4,8, got {text!r}") from None
+            raise ConfigError(f"--steps must be whole numbers like 1,2,4,8, "
+                              f"got {text!r}") from None
         if not steps or min(steps) < 1:
             raise ConfigError(f"--steps must be positive, got {text!r}")
         if list(steps) != sorted(set(steps)):
@@ -128,7 +129,7 @@ class SweepConfig:
     k: int = 4
     server_args: tuple[str, ...] = field(default_factory=tuple)
     validate_k: bool = True
-    slo: SLO = SLO()
+    slo: SLO = field(default_factory=SLO)
 
     @property
     def window_s(self) -> float:
@@ -149,9 +150,11 @@ class SweepConfig:
         return n * per + extra
 
     def serve_args(self) -> list[str]:
+        """``spectest serve`` flags: one torch thread, so on a small machine the server keeps
+        one core and the load generator the other (``--server-arg=--threads=N`` overrides)."""
         return ["--model", self.model, "--draft", self.draft, "--k", str(self.k),
                 "--max-num-seqs", str(max(self.steps)), "--max-model-len", "2048",
-                *self.server_args]
+                "--threads", "1", *self.server_args]
 
     def to_json(self) -> dict:
         return {"out": str(self.out), "workloads": list(self.workloads),

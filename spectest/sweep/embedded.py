@@ -62,6 +62,7 @@ class EmbeddedServer:
         self._log = open(self.log_path, "a", encoding="utf-8")
         self._log.write(f"$ {' '.join(self.command)}\n")
         self._log.flush()
+        # preexec_fn is safe here: the sweep starts servers only while no display thread runs
         self.proc = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT,
                                      env=env, cwd=REPO_ROOT, start_new_session=True,
                                      preexec_fn=die_with_parent)

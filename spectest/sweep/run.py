@@ -86,6 +86,7 @@ class SweepRunner:
         self.step_fn = step_fn
         self.server_factory = server_factory
         self.rows: list[dict] = []
+        self._running_server: EmbeddedServer | None = None
         self.notes: list[str] = []
         self.stopped: dict[str, str] = {}
         self.info: dict = {}
@@ -121,8 +122,17 @@ class SweepRunner:
 
     # --- the sweep ------------------------------------------------------------------------
     def run(self) -> SweepResult:
-        self._prepare()
         cfg = self.cfg
+        if not cfg.embedded:  # an unreachable server: say so before creating anything
+            try:
+                for url in filter(None, (cfg.host, cfg.baseline_host)):
+                    check_server(url)
+            except SweepFailed as e:
+                return SweepResult(self.out, "failed", 0, str(e))
+        try:
+            self._prepare()
+        except SweepFailed as e:  # e.g. an existing sweep: leave its files alone
+            return SweepResult(self.out, "failed", 0, str(e))
         self.display.message(
             f"spectest sweep → {self.out}: workloads {', '.join(cfg.workloads)}; concurrency "
             f"{', '.join(map(str, cfg.steps))}; arms {', '.join(cfg.arms)}; "
@@ -131,7 +141,11 @@ class SweepRunner:
         status, message = "finished", ""
         try:
             if cfg.embedded:
-                with self._server(cfg.serve_args(), "server.log") as url:
+                server = self._server(cfg.serve_args(), "server.log")
+                with server as url:
+                    self._running_server = server
+                    self.info["server"]["pid"] = getattr(getattr(server, "proc", None), "pid",
+                                                         None)
                     self._sweep_hosts(url, url)
                 if cfg.validate_k and self.rows:
                     self._validate()
@@ -151,12 +165,11 @@ class SweepRunner:
             self._write()
         return SweepResult(self.out, status, len(self.rows), message)
 
-    def _server(self, serve_args: list[str], log_name: str):
+    def _server(self, serve_args: list[str], log_name: str, key: str = "server"):
         self.display.message("starting the bundled server (spectest serve "
                              f"{' '.join(serve_args)})")
         server = self.server_factory(serve_args, self.out / log_name)
-        self.info["server"] = {"embedded": True, "serve_args": serve_args,
-                               "log": log_name}
+        self.info[key] = {"embedded": True, "serve_args": serve_args, "log": log_name}
         return server
 
     def _sweep_hosts(self, spec_host: str, base_host: str) -> None:
@@ -189,6 +202,10 @@ class SweepRunner:
                   index: int, total: int) -> dict | None:
         cfg = self.cfg
         name = workload_name(workload)
+        proc = getattr(self._running_server, "proc", None)
+        if proc is not None and proc.poll() is not None:
+            raise SweepFailed(f"the bundled server exited (code {proc.returncode}) before "
+                              f"{name} {arm} c={c}; see {self._running_server.log_path}")
         run_dir = self.out / "runs" / name / arm / f"c{c}"
         plan = StepPlan(workload, arm, c, host, speculative, run_dir, cfg.window_s, cfg.windows,
                         cfg.warmup_s > 0, seed=cfg.seed, max_tokens=cfg.max_tokens,
@@ -205,7 +222,7 @@ class SweepRunner:
         elif outcome.stopped_on_requests:
             note = f"ended after {cfg.requests_per_step} requests"
         if row is not None:
-            row = {**row, "workload": name}
+            row = {**row, "workload": name, "loadavg": round(os.getloadavg()[0], 2)}
             if arm == "spec-advised" and row.get("drafts"):
                 row["k"] = row["draft_tokens"] / row["drafts"]  # mean K the policy chose
             self.rows.append(row)
@@ -245,7 +262,11 @@ class SweepRunner:
                              f"(goodput K policy from {path.name})")
         args = cfg.serve_args() + ["--k-policy", "goodput", "--profile", str(path.resolve()),
                                    "--k-max", str(advisor.K_MAX)]
-        with self._server(args, "server-advised.log") as url:
+        server = self._server(args, "server-advised.log", key="advised_server")
+        with server as url:
+            self._running_server = server
+            self.info["advised_server"]["pid"] = getattr(getattr(server, "proc", None), "pid",
+                                                         None)
             for i, c in enumerate(done):
                 self._one_step(cfg.workloads[0], "spec-advised", int(c), url, "on", i + 1,
                                len(done))

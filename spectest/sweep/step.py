@@ -33,7 +33,6 @@ import pandas as pd
 
 from spectest.loadgen.runner import REPO_ROOT, LocustRun, locust_args, locustfile_path
 from spectest.sweep import engine_metrics
-from spectest.sweep.embedded import die_with_parent
 from spectest.sweep.summary import summarize
 
 POLL_S = 0.5
@@ -120,9 +119,11 @@ def run_step(plan: StepPlan, on_live: Callable[[Live], None] | None = None,
     stopped_on_requests = timed_out = False
     t0 = time.monotonic()
     with open(log_path, "w", encoding="utf-8") as log:
+        # Own session: a terminal Ctrl-C reaches only the sweep, which stops Locust cleanly.
+        # (No preexec_fn: the progress display runs a thread. Were the sweep killed outright,
+        # Locust still ends by itself when its planned steps are over.)
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True,  # our Ctrl-C handling stops it
-                                preexec_fn=die_with_parent)
+                                start_new_session=True)
         try:
             measure_start = None
             while proc.poll() is None:

@@ -50,13 +50,15 @@ def test_sampling_transform_matches_the_engine(temperature, top_k, top_p):
         assert engine[dist.ids].sum() == pytest.approx(1.0, abs=1e-5)  # nothing else possible
 
 
-def _audit(rng, spec, n, sampler=None):
-    """One simulated distribution test of n tokens; ``sampler(dist) -> probs`` shifts it."""
+def _audit(rng, spec, n, sampler=None, at_first=True):
+    """One simulated distribution test of n tokens at positions k % 16 (0 = the prefill token);
+    ``sampler(dist, logits) -> probs`` shifts the draws (not at position 0 unless at_first)."""
     items = []
     for k in range(n):
         logits = random_logits(rng)
         dist = D.sampling_dist(position(logits, 0).top, spec)
-        q = dist.probs if sampler is None else sampler(dist, logits)
+        shift = sampler is not None and (at_first or k % 16)
+        q = sampler(dist, logits) if shift else dist.probs
         token = int(dist.ids[rng.choice(len(q), p=q / q.sum())]) if len(q) == len(dist.ids) \
             else int(rng.choice(V, p=q))
         items.append(D.Sampled(k % 8, k % 16, token, position(logits, token)))
@@ -144,7 +146,8 @@ def test_shared_kl_is_a_lower_bound_on_the_full_kl(seed, n):
 
 
 def _completion(tokens, logits_per_step):
-    return Completion(tuple(tokens), tuple(position(lg, t) for t, lg in zip(tokens, logits_per_step)))
+    positions = tuple(position(lg, t) for t, lg in zip(tokens, logits_per_step))
+    return Completion(tuple(tokens), positions)
 
 
 def test_greedy_divergence_tie_versus_real_bug_and_its_cause():
@@ -197,3 +200,22 @@ def test_logprob_parsing_needs_token_ids_and_logprobs():
     with pytest.raises(AuditError, match="returned 2 top logprobs where 5"):
         parse_logprobs(ok, "the candidate", 5, True)
     assert math.isfinite(parsed[1].logprob)
+
+
+def _toward_mid(dist, logits):  # TV 0.05 into 0.1 <= p < 0.4, what a lossy threshold does
+    r = np.where((dist.probs >= 0.1) & (dist.probs < 0.4), dist.probs, 0)
+    if r.sum() == 0:
+        return dist.probs
+    r /= r.sum()
+    tv = 0.5 * np.abs(dist.probs - r).sum()
+    lam = min(1.0, 0.05 / tv) if tv > 0 else 0
+    return (1 - lam) * dist.probs + lam * r
+
+
+def test_a_lossy_threshold_shift_is_caught_by_the_calibration_statistic():
+    rng = np.random.default_rng(6)
+    r = _audit(rng, D.SamplingSpec(), 8000, _toward_mid, at_first=False)
+    assert not r.passed and r.pit.p_cal < 1e-4 and r.pit.p_cal < r.pit.p_z
+    cal = r.later.pit.calibration
+    assert max(cal.z) == max(cal.z[3], cal.z[4])  # the 0.1-0.2 or 0.2-0.4 bin
+    assert "over-chosen at speculated positions" in r.cause() and "lossy" in r.cause()

@@ -4,7 +4,8 @@ The model behind the numbers: a plain target round costs T0(c) = 10 ms · (1 + 0
 a speculative round at K = 4 costs T0(c) · (1 + c_eff(c)·4) with c_eff(c) = 0.04·c; acceptance
 is geometric with α per workload. TPOT = round / E[tokens per round]; throughput = c / TPOT
 until the server saturates at 8 concurrent requests (beyond, throughput stays flat and TTFT
-grows). So the TPOT crossover is where E_4 = 1 + 0.16·c (c ≈ 8.6 for α = 0.7, ≈ 5.1 for α = 0.5).
+grows). So the TPOT crossover is where E_4 = 1 + 0.16·c (c ≈ 11.1 for α = 0.7, ≈ 5.9 for
+α = 0.5; interpolating between the measured steps gives ≈ 11.3 and ≈ 5.8).
 """
 
 from __future__ import annotations

@@ -99,3 +99,10 @@ def test_profile_drives_the_engine_goodput_policy_to_the_same_k(tmp_path):
 def test_no_advice_without_acceptance_or_k():
     t = sweep_table().drop(columns=[f"acceptance_pos_{i}" for i in range(8)])
     assert advisor.advise(t, "chat") == [] and advisor.profile_json(t) is None
+
+
+def test_k_comes_from_draft_tokens_per_draft_without_a_k_gauge():
+    t = sweep_table().assign(k=None)  # a vLLM server: no spectest:spec_decode_k
+    t.loc[t.arm == "spec", "draft_tokens"] = t.loc[t.arm == "spec", "drafts"] * K_RUN
+    assert advisor.k_run(t, "chat") == K_RUN
+    assert len(advisor.advise(t, "chat")) == 4

@@ -22,12 +22,13 @@ from live_server import MODEL, LiveServer, make_server, metric_sum, scrape, wait
 from schema_strategies import fuzz_request, from_schema
 from spectest.server.schemas import ChatCompletionRequest, CompletionRequest
 
-EXAMPLES = 200  # per endpoint
+EXAMPLES = 150  # per endpoint
 CTX = 96  # keeps every valid generation short
-SHORT = st.none() | st.integers(0, 6)
+# short generations; None (the server's default: the rest of the context) about 1 time in 8
+SHORT = st.integers(-1, 6).map(lambda n: None if n < 0 else n)
 OVERRIDES = {
-    "model": st.just(MODEL) | st.sampled_from(["", "gpt-4o", MODEL.upper()]),
-    "max_tokens": SHORT, "max_completion_tokens": st.none() | st.integers(1, 6),
+    "model": st.sampled_from([MODEL] * 5 + ["", "gpt-4o", MODEL.upper()]),  # mostly ours
+    "max_tokens": SHORT, "max_completion_tokens": SHORT.map(lambda n: n or None),
     # prompts that mostly tokenize to something (ids below 256 exist in any vocabulary)
     "prompt": st.text(min_size=1, max_size=40) | st.lists(st.integers(0, 255), min_size=1,
                                                            max_size=24)

@@ -1,0 +1,88 @@
+"""``spectest report DIR`` and ``spectest compare DIR_A DIR_B``: command lines over the renderers.
+
+Two pairs for ``spectest.cli`` to wire in: ``add_report_arguments`` / ``report_main`` and
+``add_compare_arguments`` / ``compare_main``. A folder that is not a sweep, or an unreadable
+one, prints one line and exits 2. ``report`` renders whatever steps a folder holds, so an
+interrupted sweep renders too (its status says so); SLO flags re-judge the steps against other
+objectives without re-running anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from spectest.report.table import SLO, SweepError, load_sweep
+
+
+def add_report_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("folder", type=Path, help="a sweep folder (the --out of spectest sweep)")
+    p.add_argument("--out", type=Path, default=None, help="write here (default: the folder)")
+    p.add_argument("--slo-ttft-ms", type=float, default=None,
+                   help="judge steps against this TTFT p99 instead of the sweep's")
+    p.add_argument("--slo-tpot-ms", type=float, default=None, help="… TPOT p99")
+    p.add_argument("--slo-e2el-ms", type=float, default=None,
+                   help="… E2EL p99 (goodput keeps the per-request SLOs the sweep ran with)")
+
+
+def add_compare_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("folder_a", type=Path, help="the earlier sweep (A)")
+    p.add_argument("folder_b", type=Path, help="the later sweep (B)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output folder (default: spectest-compare-A-vs-B)")
+
+
+def _slo(args, base: SLO) -> SLO | None:
+    new = {k: getattr(args, f"slo_{k.split('_p99')[0]}_ms") for k in
+           ("ttft_p99_ms", "tpot_p99_ms", "e2el_p99_ms")}
+    if all(v is None for v in new.values()):
+        return None
+    for k, v in new.items():
+        if v is not None and v <= 0:
+            raise SweepError(f"--slo-{k.split('_p99')[0]}-ms must be positive")
+    merged = {**base.to_json(), **{k: v for k, v in new.items() if v is not None}}
+    return SLO.from_json(merged)
+
+
+def report_main(args: argparse.Namespace) -> int:
+    from spectest.report.render import render_report, summary_lines
+    try:
+        sweep = load_sweep(args.folder)
+        slo = _slo(args, sweep.slo)
+        out = render_report(args.folder, args.out, slo)
+    except SweepError as e:
+        print(f"spectest report: {e}", file=sys.stderr)
+        return 2
+    status = sweep.info.get("status", "unknown")
+    if status != "finished":
+        print(f"note: this sweep's status is {status!r}; the report shows its "
+              f"{len(sweep.table)} finished steps")
+    for line in summary_lines(args.folder, slo):
+        print(line)
+    print(f"report: {out.html}  (Markdown: {out.markdown})")
+    return 0
+
+
+def compare_main(args: argparse.Namespace) -> int:
+    from spectest.report.compare import compare
+    out = args.out or Path(f"spectest-compare-{args.folder_a.resolve().name}-vs-"
+                           f"{args.folder_b.resolve().name}")
+    try:
+        result = compare(args.folder_a, args.folder_b, out)
+    except SweepError as e:
+        print(f"spectest compare: {e}", file=sys.stderr)
+        return 2
+    for line in result.lines:
+        print(line)
+    print(f"comparison: {result.html}  (Markdown: {result.markdown})")
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="spectest")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_report_arguments(sub.add_parser("report"))
+    add_compare_arguments(sub.add_parser("compare"))
+    ns = parser.parse_args()
+    sys.exit(report_main(ns) if ns.command == "report" else compare_main(ns))

@@ -1,0 +1,130 @@
+"""``spectest sweep`` end to end against the bundled engine: real server, real Locust, real files.
+
+The model pair comes from ``$SPECTEST_TEST_MODELS`` (a folder with ``target/`` and ``draft/``),
+default the embedded pair. One bounded sweep — two workloads, concurrency 1, 2, 4, both arms,
+1 s warm-up + 2 s per step, then the K advisor's validation arm — must produce every file of the
+sweep and of the report, with figures that agree with the runs they came from. A second sweep
+is stopped with SIGTERM after its first step: it exits 130, keeps that step, leaves no server or
+Locust process behind, and ``spectest report`` renders it.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from spectest.engine.api import MODELS_DIR
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = Path(os.environ.get("SPECTEST_TEST_MODELS", MODELS_DIR))
+pytestmark = pytest.mark.skipif(not (MODELS / "target" / "config.json").is_file(),
+                                reason=f"no model pair in {MODELS} (set SPECTEST_TEST_MODELS)")
+FIGURES = {"speedup", "throughput", "tpot", "ttft", "acceptance", "acceptance_per_position",
+           "k_advisor"}
+
+
+def sweep_cmd(out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "spectest.sweep.cli", "--model", str(MODELS / "target"),
+            "--draft", str(MODELS / "draft"), "--step-time", "2", "--warmup", "1",
+            "--max-tokens", "24", "--out", str(out), *extra]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "zombie" not in \
+        Path(f"/proc/{pid}/status").read_text().lower()
+
+
+def processes_mentioning(text: str) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
+            try:
+                if text in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_a_short_sweep_writes_every_file(tmp_path):
+    out = tmp_path / "sweep"
+    proc = subprocess.run(sweep_cmd(out, "--workloads", "chat,code", "--steps", "1,2,4"),
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "chat · spec · c=1 · step 1/12" in proc.stdout
+    assert f"report: {out / 'report.html'}" in proc.stdout
+
+    info = json.loads((out / "sweep.json").read_text())
+    assert info["status"] == "finished" and info["finished_steps"] == 15
+    assert not alive(info["server"]["pid"])
+    table = pd.read_csv(out / "steps.csv")
+    grid = {(r.workload, r.arm, r.concurrency) for r in table.itertuples()}
+    assert grid == {(w, a, c) for w in ("chat", "code") for a in ("spec", "base")
+                    for c in (1, 2, 4)} | {("chat", "spec-advised", c) for c in (1, 2, 4)}
+    assert (table.requests > 0).all() and (table.failures == 0).all()
+    assert (table.output_tokens_per_s > 0).all() and (table.verify_ms_per_round > 0).all()
+    spec, base = table[table.arm == "spec"], table[table.arm == "base"]
+    assert (spec.k == 4).all() and (spec.drafts > 0).all() and (spec.draft_ms_per_round > 0).all()
+    assert (base.drafts == 0).all() and base.acceptance_rate.isna().all()
+    assert (spec.acceptance_source == "spectest").all()
+    for r in table.itertuples():  # each row summarises its own Locust folder
+        run = out / r.run_dir
+        sent = [json.loads(x) for x in (run / "requests.jsonl").read_text().splitlines()]
+        assert r.requests == sum(1 for x in sent if x["step"] >= 1)
+        assert {x["speculative"] for x in sent} == {"off" if r.arm == "base" else "on"}
+
+    for name in ("report.html", "report.md", "breakpoints.csv", "k_advice.csv",
+                 "k_profile.json", "k_profile_validation.json", "server.log",
+                 "server-advised.log"):
+        assert (out / name).stat().st_size > 0, name
+    assert {p.stem for p in (out / "plots").glob("*.png")} == FIGURES
+    md = (out / "report.md").read_text()
+    assert "**chat**: at concurrency 1 speculation is" in md
+    assert "**code**: at concurrency 1 speculation is" in md
+    bps = pd.read_csv(out / "breakpoints.csv")
+    assert set(bps.kind) == {"crossover_tpot", "crossover_throughput", "slo", "knee",
+                             "max_goodput"}
+    advice = pd.read_csv(out / "k_advice.csv")
+    assert set(advice.workload) == {"chat", "code"} and advice.validated_speedup.notna().any()
+
+
+def test_sigterm_keeps_finished_steps_and_cleans_up(tmp_path):
+    out = tmp_path / "stopped"
+    proc = subprocess.Popen(sweep_cmd(out, "--workloads", "chat", "--steps", "1,2,4"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (out / "steps.csv").exists():
+                break
+            time.sleep(0.3)
+        assert (out / "steps.csv").exists(), "no step finished in time"
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, output[-3000:]
+    assert "render it with: spectest report" in output
+    info = json.loads((out / "sweep.json").read_text())
+    assert info["status"] == "interrupted"
+    rows = pd.read_csv(out / "steps.csv")
+    assert 1 <= len(rows) == info["finished_steps"] < 6
+    assert not alive(info["server"]["pid"])
+    assert processes_mentioning(str(out)) == []  # no Locust left running
+    report = subprocess.run([sys.executable, "-m", "spectest.report.cli", "report", str(out)],
+                            capture_output=True, text=True, cwd=ROOT, timeout=180)
+    assert report.returncode == 0, report.stderr
+    assert "status is 'interrupted'" in report.stdout and (out / "report.html").is_file()

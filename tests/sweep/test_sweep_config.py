@@ -1,0 +1,92 @@
+"""``spectest sweep`` options: step plans, defaults, and one readable line for bad input."""
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spectest.sweep import config as C
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def args(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    C.add_arguments(p)
+    return p.parse_args(list(argv))
+
+
+def cfg(*argv: str) -> C.SweepConfig:
+    return C.SweepConfig.from_args(args(*argv), "now")
+
+
+@pytest.mark.parametrize("steps,top,want", [
+    ("", 0, (1, 2, 4, 8)), ("", 64, (1, 2, 4, 8, 16, 32, 64)), ("", 12, (1, 2, 4, 8, 12)),
+    ("", 1, (1,)), ("1, 3,5", 0, (1, 3, 5))])
+def test_steps_explicit_or_doubling(steps, top, want):
+    assert C.parse_steps(steps, top) == want
+
+
+@pytest.mark.parametrize("steps,top,message", [
+    ("4,2", 0, "rise strictly"), ("1,1", 0, "rise strictly"), ("0,1", 0, "positive"),
+    ("a", 0, "whole numbers"), ("1,2", 8, "not both")])
+def test_bad_steps(steps, top, message):
+    with pytest.raises(C.ConfigError, match=message):
+        C.parse_steps(steps, top)
+
+
+def test_defaults_are_the_embedded_readme_sweep():
+    c = cfg()
+    assert c.embedded and c.validate_k and c.workloads == ("chat", "code", "rag")
+    assert c.steps == (1, 2, 4, 8) and c.arms == ("spec", "base")
+    assert c.slo == C.EMBEDDED_SLO and c.max_prompt_chars == 2000
+    assert (c.window_s, c.windows) == (4.0, 3)  # 4 s warm-up, then 3 windows of 4 s
+    assert c.estimated_s() < 12 * 60
+    assert "--max-num-seqs" in c.serve_args() and str(c.out) == "spectest-sweep-now"
+
+
+def test_external_hosts_have_no_default_slo_or_validation():
+    c = cfg("--host", "http://gpu:8000/", "--baseline-host", "http://gpu:8001")
+    assert not c.embedded and not c.validate_k and not c.slo.any
+    assert (c.host, c.baseline_host, c.max_prompt_chars) == ("http://gpu:8000",
+                                                             "http://gpu:8001", 0)
+    assert cfg("--host", "http://x", "--slo-tpot-ms", "50").slo.tpot_p99_ms == 50
+
+
+def test_windows_split_the_measured_time_by_the_warmup_length():
+    assert (cfg("--step-time", "20", "--warmup", "5").window_s,
+            cfg("--step-time", "20", "--warmup", "5").windows) == (5.0, 4)
+    assert cfg("--step-time", "10", "--warmup", "0").windows == 1
+    assert cfg("--step-time", "10", "--warmup", "3").window_s == pytest.approx(10 / 3)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--workloads", "chat,nope"], "unknown workload 'nope'"),
+    (["--arms", "spec,fast"], "--arms must be"),
+    (["--embedded", "--host", "http://x"], "drop --host"),
+    (["--baseline-host", "http://x"], "needs --host"),
+    (["--step-time", "0"], "--step-time must be positive"),
+    (["--slo-tpot-ms", "-1"], "--slo-tpot-ms must be positive"),
+    (["--host", "http://x", "--validate-k", "on"], "needs --embedded"),
+])
+def test_bad_options(argv, message):
+    with pytest.raises(C.ConfigError, match=message):
+        cfg(*argv)
+
+
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "spectest.sweep.cli", "--steps", "8,4",
+                           "--out", str(tmp_path / "x")], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == "spectest sweep: --steps must rise strictly, got '8,4'"
+    assert not (tmp_path / "x").exists()
+    # an unreachable --host: one line, nothing measured
+    proc = subprocess.run([sys.executable, "-m", "spectest.sweep.cli", "--host",
+                           "http://127.0.0.1:9", "--out", str(tmp_path / "y")],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "cannot reach the server at http://127.0.0.1:9" in proc.stderr
+    assert proc.stderr.count("\n") == 1 and not (tmp_path / "y").exists()
