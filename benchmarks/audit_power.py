@@ -23,7 +23,8 @@
    prompts) given the same candidate-token budget plus as many baseline tokens, in its best
    case (all draws at one prefix per prompt, one token each).
 
-    python benchmarks/audit_power.py [--models DIR] [--reps 1000] [--e2e-runs 3] [--json F]
+    python benchmarks/audit_power.py [--models DIR] [--reps 500] [--null-reps 4000]
+                                     [--e2e-runs 3] [--json F]
 """
 
 from __future__ import annotations
@@ -164,14 +165,15 @@ def gtest_pvalue(p_first: np.ndarray, q_first: np.ndarray, m: int,
     return min(1.0, len(pvals) * min(pvals))
 
 
-def simulate(pool, firsts, n, reps, alpha, g_reps, seed) -> pd.DataFrame:
+def simulate(pool, firsts, n, reps, null_reps, alpha, g_reps, seed) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
     out = []
     for family in ("null",) + FAMILIES:
         rejections = {k: 0 for k in ("auditor", "z only", "KS only", "calibration only",
                                      "chi2 20 PIT bins")}
         tvs = []
-        for _ in range(reps):
+        n_reps = null_reps if family == "null" else reps
+        for _ in range(n_reps):
             p = pool[rng.integers(len(pool), size=n)]
             q, tv = (p, 0.0) if family == "null" else shifted(p, family, rng)
             tvs.append(tv)
@@ -184,7 +186,7 @@ def simulate(pool, firsts, n, reps, alpha, g_reps, seed) -> pd.DataFrame:
             q = p if family == "null" else shifted(p, family, rng)[0]
             g += gtest_pvalue(p, q, m, rng) < alpha
         row = {"sampler": family, "mean TV": float(np.mean(tvs))}
-        row.update({k: v / reps for k, v in rejections.items()})
+        row.update({k: v / n_reps for k, v in rejections.items()})
         row["two-sample G-test"] = g / g_reps if g_reps else float("nan")
         out.append(row)
     return pd.DataFrame(out)
@@ -223,7 +225,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", type=Path, default=Path(os.environ.get(
         "SPECTEST_TEST_MODELS", ROOT / "spectest" / "models")))
-    ap.add_argument("--reps", type=int, default=1000, help="simulated audits per sampler")
+    ap.add_argument("--reps", type=int, default=500, help="simulated audits per shifted sampler")
+    ap.add_argument("--null-reps", type=int, default=4000, help="simulated audits of the null")
     ap.add_argument("--g-reps", type=int, default=200, help="simulated G-tests per sampler")
     ap.add_argument("--e2e-runs", type=int, default=3, help="default audits, end to end")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
@@ -262,14 +265,14 @@ def main() -> int:
 
     n = len(pool)
     print(f"captured {total} sampled positions in {t_capture:.1f} s; {n} informative "
-          f"(support >= 2); mean p_max {pool[:, 0].mean():.2f}; simulating {args.reps} audits "
-          f"of {n} tokens per sampler at alpha {s.alpha}")
+          f"(support >= 2); mean p_max {pool[:, 0].mean():.2f}; simulating {args.null_reps} "
+          f"null and {args.reps} shifted audits of {n} tokens per sampler at alpha {s.alpha}")
     t0 = time.perf_counter()
-    df = simulate(pool, firsts, n, args.reps, s.alpha, args.g_reps, seed=0)
+    df = simulate(pool, firsts, n, args.reps, args.null_reps, s.alpha, args.g_reps, seed=0)
     print(df.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     fpr = df.loc[df.sampler == "null", "auditor"].item()
-    hi = stats.beta.ppf(0.975, fpr * args.reps + 1, args.reps - fpr * args.reps) \
-        if fpr < 1 else 1.0
+    k = round(fpr * args.null_reps)  # Clopper-Pearson upper bound
+    hi = float(stats.beta.ppf(0.975, k + 1, args.null_reps - k)) if k < args.null_reps else 1.0
     power = df.loc[df.sampler != "null", "auditor"]
     g_power = df.loc[df.sampler != "null", "two-sample G-test"]
     print(f"false-positive rate {100 * fpr:.2f}% (95% upper bound {100 * hi:.2f}%, target <= 1%)"

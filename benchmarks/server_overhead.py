@@ -83,8 +83,7 @@ class Accounting:
     """Telemetry wired to the in-process engine the way ``Server`` wires it, with the thread
     CPU time of each part summed in ``spent`` — where the telemetry time goes."""
 
-    PARTS = ("metrics per round", "spans per round: engine thread",
-             "spans per round: span worker", "span export", "per request")
+    PARTS = ("metrics per round", "spans per round", "span export", "per request")
 
     def __init__(self, engine, trace_file: Path):
         self.spent = dict.fromkeys(self.PARTS, 0.0)
@@ -95,9 +94,8 @@ class Accounting:
         self.provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500))
         self.rounds = RoundTracer(self.provider)
         self.tracer = self.provider.get_tracer("bench")
-        self.rounds.trace = self.timed("spans per round: span worker", self.rounds.trace)
         self.observers = [self.timed("metrics per round", self.metrics.observe_round),
-                          self.timed("spans per round: engine thread", self.rounds)]
+                          self.timed("spans per round", self.rounds)]
         self.submitted = self.timed("per request", self._submitted)
         self.finished = self.timed("per request", self._finished)
         self.spans: dict[str, object] = {}
@@ -181,14 +179,12 @@ def serve_engine(args) -> None:
             rounds, cpu = engine.rounds, time.process_time()
             tokens, seconds = run_engine(engine, c, n, prompt_ids, args.max_tokens,
                                          acct if accounting else None)
-            acct.rounds.flush()
             acct.provider.force_flush()
             print(json.dumps({"tokens": tokens, "seconds": seconds, "spent": acct.spent,
                               "rounds": engine.rounds - rounds,
                               "cpu": time.process_time() - cpu}), flush=True)
     finally:
         engine.stop()
-        acct.rounds.shutdown()
         acct.provider.shutdown()
 
 

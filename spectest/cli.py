@@ -76,6 +76,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None)
     p.set_defaults(func=_generate)
 
+    from spectest.sweep import cli as sweep_cli
+    p = sub.add_parser("sweep", help="rising-concurrency load sweep, speculation on vs off")
+    sweep_cli.add_arguments(p)
+    p.set_defaults(func=sweep_cli.main)
+
+    from spectest.report import cli as report_cli
+    p = sub.add_parser("report", help="render a sweep folder as HTML + Markdown + PNGs")
+    report_cli.add_report_arguments(p)
+    p.set_defaults(func=report_cli.report_main)
+    p = sub.add_parser("compare", help="what changed between two sweeps")
+    report_cli.add_compare_arguments(p)
+    p.set_defaults(func=report_cli.compare_main)
+
+    from spectest.audit import cli as audit_cli
+    p = sub.add_parser("audit", help="prove speculative output matches the target-only baseline")
+    audit_cli.add_arguments(p)
+    p.set_defaults(func=audit_cli.main)
+
     p = sub.add_parser("dashboards", help="write (or --check) the Grafana dashboards JSON")
     p.add_argument("--out-dir", type=Path, default=None)
     p.add_argument("--check", action="store_true", help="exit 1 if committed JSON is stale")

@@ -1,10 +1,9 @@
-"""Check 3: does the candidate *sample* from the baseline's distribution (temperature > 0)?
+"""Check 3, the statistics: does the candidate *sample* from the baseline's distribution?
 
 Owns: the sampling transform (raw logprobs → the distribution a correct server samples from),
-the probability-integral-transform (PIT) test of the candidate's sampled tokens against the
-baseline's distributions at the same prefixes, and its diagnostics (effective temperature,
-argmax share, tokens outside the support, first token vs later tokens) with a pointer at the
-likely cause when it fails.
+the classification of one sampled token against it (a draw, a token outside the support, or
+uninformative), the pooled test (PIT + surprise z + calibration) and the effective-temperature
+fit used as a diagnostic.  ``distribution_check`` runs it over an audit and explains failures.
 
 Does not know: HTTP, prompts or verdict files. It receives, for every sampled token, the
 candidate's token and the baseline's scoring of the same prefix (echo + top-n logprobs).
@@ -63,7 +62,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 from scipy import optimize, stats
@@ -291,163 +290,3 @@ def reference_temperature(dists: Sequence[TokenDist], rng: np.random.Generator) 
         if d.ids[j] != TAIL:
             pairs.append((d.raw, j))
     return effective_temperature(pairs)
-
-
-# --- the check -------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Sampled:
-    """One candidate token to test: the prompt, its position, and the baseline's scoring."""
-
-    prompt: int  # index into the prompt list
-    index: int  # generated position, 0-based
-    token: int
-    scored: Position  # the baseline's scoring of this prefix
-    own: Position | None = None  # the candidate's own report for this token
-
-
-@dataclass(frozen=True)
-class SegmentStats:
-    """Descriptive figures for one group of positions (first token / later tokens)."""
-
-    pit: PitResult
-    shift_per_token: float  # mean of log p(x) + H: > 0 sharper than the baseline, < 0 flatter
-    shift_se: float
-    argmax_share: float
-    argmax_expected: float
-
-    @staticmethod
-    def of(draws: Sequence[Draw]) -> SegmentStats:
-        n = len(draws)
-        if not n:
-            return SegmentStats(PitResult.empty(), 0.0, 0.0, 0.0, 0.0)
-        shift = sum(d.logp - d.neg_entropy for d in draws) / n
-        se = math.sqrt(sum(d.var for d in draws)) / n
-        return SegmentStats(pit_test(draws), shift, se, sum(d.is_argmax for d in draws) / n,
-                            sum(d.p_max for d in draws) / n)
-
-
-@dataclass(frozen=True)
-class DistributionResult:
-    spec: SamplingSpec
-    alpha: float
-    tested: int  # informative positions
-    skipped: int  # one-token support or edge ties
-    pit: PitResult
-    first: SegmentStats
-    later: SegmentStats
-    violations: tuple[Violation, ...]
-    temperature_fit: float | None  # effective temperature of the candidate's tokens
-    temperature_reference: float | None  # the same fit on tokens drawn from the baseline
-    prompt_z: tuple[float, ...]  # per-prompt standardised surprise shift (descriptive)
-
-    @property
-    def passed(self) -> bool:
-        return not self.violations and self.pit.p_value >= self.alpha
-
-    def reason(self) -> str:
-        p = self.pit
-        figures = (f"{self.tested} sampled tokens, p = {p.p_value:.3g} (alpha {self.alpha:g}; "
-                   f"surprise z = {p.z:+.2f}, KS D = {p.ks:.4f}, calibration "
-                   f"chi2({p.df}) = {p.wald:.1f})")
-        if self.violations:
-            return f"{len(self.violations)} token(s) outside the baseline's support; {figures}"
-        return figures
-
-    def cause(self) -> str:
-        """A heuristic pointer at the likely bug, from the diagnostics (empty when passed)."""
-        if self.passed:
-            return ""
-        kinds = {v.reason for v in self.violations}
-        own = [v.in_candidate_support for v in self.violations
-               if v.in_candidate_support is not None]
-        if own and sum(own) > len(own) / 2:
-            return ("the out-of-support tokens are inside the support of the candidate's own "
-                    "reported distribution: the candidate computes a different distribution "
-                    "for the same prefix (see the logprob/KL check) — a state bug (KV cache, "
-                    "positions), not a sampler bug")
-        support = ""
-        if "outside top-p" in kinds:
-            support = ("the candidate emits tokens outside the baseline's top-p nucleus: top-p "
-                       "is not applied where tokens are accepted or resampled (e.g. top-p "
-                       "applied to the draft only)")
-        elif "outside top-k" in kinds:
-            support = ("the candidate emits tokens outside the baseline's top-k: top-k is not "
-                       "applied where tokens are accepted or resampled")
-        if support and self.pit.p_value >= self.alpha:
-            return support  # inside the support the tokens follow the baseline: only a cut
-        first, later = self.first, self.later
-        # The first generated token comes from the prefill: no draft touches it.  A shift there
-        # means the sampler itself is wrong; no (significant) shift points at verification.
-        at_first = first.pit.p_value < 0.01 or (
-            first.shift_se > 0 and abs(first.shift_per_token) > 3 * first.shift_se)
-        where = ("at every position, the prefill token included" if at_first else
-                 f"(first token: no significant shift in {first.pit.n} draws)")
-        t_fit, t_ref = self.temperature_fit, self.temperature_reference
-        hotter = t_fit is not None and t_ref is not None and t_fit > 1.1 * t_ref
-        if later.argmax_share > 0.95 and later.argmax_expected < 0.8 and not at_first:
-            return ("at speculated positions the candidate almost always emits the baseline's "
-                    f"argmax ({100 * later.argmax_share:.0f}% vs {100 * later.argmax_expected:.0f}"
-                    "% expected) while the prefill token is fine: sampled requests are verified "
-                    "by greedy matching")
-        if hotter:
-            return (f"tokens are sampled hotter than requested (effective temperature "
-                    f"{t_fit:.2f} vs {t_ref:.2f} expected) {where}: the temperature is not "
-                    f"applied on the target side (e.g. applied to the draft only)")
-        if at_first:
-            how = "sharper" if later.shift_per_token > 0 else "flatter"
-            return (f"the tokens differ from the baseline's distribution {where}: the "
-                    f"candidate's sampler is {how} than the requested temperature/top-k/top-p")
-        cal = later.pit.calibration
-        if cal is not None and max(cal.z) > 3:
-            k = int(np.argmax(cal.z))
-            ratio = cal.observed[k] / max(cal.expected[k], 1e-9)
-            return (f"tokens to which the baseline gives probability {cal.edges[k]:g}-"
-                    f"{cal.edges[k + 1]:g} are over-chosen at speculated positions (x{ratio:.2f},"
-                    f" z {cal.z[k]:+.1f}) {where}: a lossy acceptance rule (drafts accepted "
-                    f"when their target probability passes a threshold) or biased verification")
-        if later.shift_per_token > 0:
-            return (f"likely tokens are over-chosen at speculated positions {where}: a lossy "
-                    f"acceptance rule (acceptance threshold) or biased verification")
-        if support:
-            return support
-        return (f"unlikely tokens are over-chosen at speculated positions {where}: the "
-                f"rejection-sampling residual or acceptance ratio is wrong")
-
-
-def check(items: Sequence[Sampled], spec: SamplingSpec, alpha: float, n_prompts: int,
-          seed: int, support_tolerance: float) -> DistributionResult:
-    rng = np.random.default_rng(seed)
-    draws, violations, fit_pairs, dists = [], [], [], []
-    skipped = 0
-    for it in items:
-        out = evaluate(it.prompt, it.index, it.token, it.scored, spec, float(rng.random()),
-                       support_tolerance)
-        if isinstance(out, Violation):
-            if it.own is not None and it.own.top:
-                own = sampling_dist(it.own.top, spec)
-                out = replace(out, in_candidate_support=bool((own.ids == it.token).any()))
-            violations.append(out)
-        elif out is None:
-            skipped += 1
-        else:
-            draws.append(out)
-        d = sampling_dist(it.scored.top, spec)
-        if spec.top_k > 0 and len(d.raw) > 1:
-            dists.append(d)
-            raw_ids = [t for t, _ in it.scored.top[:spec.top_k]]
-            if it.token in raw_ids:
-                fit_pairs.append((d.raw, raw_ids.index(it.token)))
-    by_prompt: list[list[Draw]] = [[] for _ in range(n_prompts)]
-    for d in draws:
-        by_prompt[d.prompt].append(d)
-    prompt_z = tuple(_z(ds) for ds in by_prompt)
-    return DistributionResult(
-        spec, alpha, len(draws), skipped, pit_test(draws),
-        SegmentStats.of([d for d in draws if d.index == 0]),
-        SegmentStats.of([d for d in draws if d.index > 0]), tuple(violations),
-        effective_temperature(fit_pairs), reference_temperature(dists, rng), prompt_z)
-
-
-def _z(draws: Sequence[Draw]) -> float:
-    var = sum(d.var for d in draws)
-    return sum(d.logp - d.neg_entropy for d in draws) / math.sqrt(var) if var > 0 else 0.0

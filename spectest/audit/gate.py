@@ -73,10 +73,11 @@ def _details(name: str, result) -> dict:
                 "first_token": asdict(result.first), "later_tokens": asdict(result.later),
                 "worst_positions": [asdict(d) for d in result.worst]}
     return {"method": "randomized PIT of the candidate's tokens under the baseline's sampling "
-                      "distribution; surprise z-test + Kolmogorov-Smirnov, Bonferroni",
+                      "distribution; surprise z-test + Kolmogorov-Smirnov + probability-bin "
+                      "calibration (Wald), Bonferroni over the three",
             "sampling": asdict(result.spec), "alpha": result.alpha,
             "tested_tokens": result.tested, "skipped_tokens": result.skipped,
-            "pit": asdict(result.pit), "first_token": asdict(result.first),
+            "test": asdict(result.pit), "first_token": asdict(result.first),
             "later_tokens": asdict(result.later),
             "effective_temperature": result.temperature_fit,
             "expected_effective_temperature": result.temperature_reference,
@@ -103,7 +104,8 @@ def reason(run: AuditRun, outs: list[Outcome]) -> str:
 
 def worst_prompts(run: AuditRun, n: int = 5) -> list[dict]:
     """Prompts ranked by how badly they fail: real greedy divergence, support violations,
-    largest KL, then the most extreme per-prompt distribution z (descriptive, not a test)."""
+    largest KL, then the smallest per-prompt distribution p-value (descriptive, not a test:
+    a diffuse drift fails the pooled test without any single prompt standing out)."""
     rows = {c.id: {"id": c.id, "category": c.category, "problems": [], "key": [0, 0, 0.0, 0.0]}
             for c in run.cases}
     if run.greedy:
@@ -116,11 +118,12 @@ def worst_prompts(run: AuditRun, n: int = 5) -> list[dict]:
         for v in run.distribution.violations:
             rid = run.cases[v.prompt].id
             rows[rid]["key"][1] += 1
-        for i, z in enumerate(run.distribution.prompt_z):
+        for i, p in enumerate(run.distribution.prompt_p):
             if i < len(run.cases):
-                rows[run.cases[i].id]["key"][3] = abs(z)
-                if abs(z) > 3:
-                    rows[run.cases[i].id]["problems"].append(f"sampled surprise z {z:+.1f}")
+                rows[run.cases[i].id]["key"][3] = -math.log10(max(p, 1e-300))
+                if p < 1e-3:
+                    rows[run.cases[i].id]["problems"].append(
+                        f"its sampled tokens alone: p = {p:.2g}")
     for d in run.diffs:  # KL counts only above its threshold; below it is float noise
         row = rows.get(d.prompt_id)
         if row is not None and d.kl > max(row["key"][2], run.settings.max_kl):
@@ -132,7 +135,7 @@ def worst_prompts(run: AuditRun, n: int = 5) -> list[dict]:
             row["problems"].append(f"{key[1]} token(s) outside the baseline's support")
         if key[2]:
             row["problems"].append(f"max KL {key[2]:.3g}")
-        row["max_kl_above_threshold"], row["distribution_z"] = key[2], key[3]
+        row["max_kl_above_threshold"], row["distribution_p"] = key[2], 10 ** -key[3]
         out.append(row)
     return out
 

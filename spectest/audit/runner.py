@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm import tqdm
 
-from spectest.audit import distribution, greedy, logprobs
+from spectest.audit import distribution_check, greedy, logprobs
 from spectest.audit.client import Client, Endpoint
 from spectest.audit.prompts import load_records, tokenize
 from spectest.audit.samples import AuditError, Completion, PromptCase
@@ -39,7 +39,7 @@ class AuditRun:
     cases: list[PromptCase] = field(default_factory=list)
     greedy: greedy.GreedyResult | None = None
     logprobs: logprobs.LogprobResult | None = None
-    distribution: distribution.DistributionResult | None = None
+    distribution: distribution_check.DistributionResult | None = None
     error: str | None = None  # why the audit could not run (exit 2)
     interrupted: bool = False
     notes: list[str] = field(default_factory=list)
@@ -152,10 +152,11 @@ async def _collect(s: AuditSettings, cand_ep: Endpoint, base_ep: Endpoint,
             if "logprobs" in s.checks:
                 result.diffs += _diffs(cases, triples, s.tie_tolerance)
                 result.logprobs = logprobs.check(result.diffs, s.logprob_thresholds)
-            items = [distribution.Sampled(i, j, tok, sc[len(cases[i].ids) + j], c.positions[j])
+            items = [distribution_check.Sampled(i, j, tok, sc[len(cases[i].ids) + j],
+                                                c.positions[j])
                      for i, c, sc in triples for j, tok in enumerate(c.tokens)]
-            result.distribution = distribution.check(items, s.sampling, s.alpha, len(cases),
-                                                     s.seed, s.support_tolerance)
+            result.distribution = distribution_check.check(
+                items, s.sampling, s.alpha, len(cases), s.seed, s.support_tolerance)
             result.timings["sampled_s"] = time.perf_counter() - t0
 
 

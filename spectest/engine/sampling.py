@@ -39,7 +39,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        # vLLM's rule: below 1e-5 a float32 temperature underflows the softmax; treat as greedy
+        return self.temperature < 1e-5
 
 
 def probs_from_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,

@@ -99,7 +99,8 @@ class Scheduler:
         seq = Sequence(request, on_output, time.perf_counter(), list(request.prompt_ids))
         seq.generator = make_generator(request.params.seed)
         with self.lock:
-            if len(self.waiting) >= self.config.max_waiting:
+            # requests that will take a free slot at the next round are not really waiting
+            if len(self.waiting) >= self.config.max_waiting + len(self.free_slots):
                 raise QueueFullError(f"{len(self.waiting)} requests already waiting")
             self.waiting.append(seq)
             self.wakeup.notify()

@@ -131,6 +131,11 @@ class Costs:
     source: str  # "engine rounds" | "client TPOT"
 
     @property
+    def plausible(self) -> bool:
+        """A speculative round cannot cost less than a plain one; if it measured so, noise."""
+        return self.round_ms >= self.target_ms
+
+    @property
     def c_eff(self) -> float:
         """Overhead per draft token in units of a target step: (R/T0 − 1) / K."""
         return max(0.0, (self.round_ms / self.target_ms - 1) / self.k)
@@ -171,6 +176,7 @@ class Advice:
     validated_k: float | None = None  # mean K the validation arm ran (if any)
     validated: float | None = None  # base TPOT p50 / spec-advised TPOT p50
     curve: tuple[float, ...] = field(default_factory=tuple)  # predicted speedup for K = 0…k_max
+    plausible: bool = True  # False: the costs at this load contradict each other (noise)
 
 
 def advise(table: pd.DataFrame, workload: str, k_max: int = K_MAX) -> list[Advice]:
@@ -195,7 +201,8 @@ def advise(table: pd.DataFrame, workload: str, k_max: int = K_MAX) -> list[Advic
             validated = float(b.tpot_p50_ms) / float(v.iloc[0].tpot_p50_ms)
             vk = float(v.iloc[0].k) if _ok(v.iloc[0].get("k")) else None
         out.append(Advice(workload, cost.concurrency, k, cost.c_eff, cost.source, best,
-                          curve[best], curve[k], measured, vk, validated, curve))
+                          curve[best], curve[k], measured, vk, validated, curve,
+                          cost.plausible))
     return out
 
 
@@ -208,7 +215,8 @@ def advice_frame(advice: list[Advice]) -> pd.DataFrame:
              "measured_speedup_k_run": None if a.measured_at_run is None
              else round(a.measured_at_run, 4),
              "validated_k": a.validated_k,
-             "validated_speedup": None if a.validated is None else round(a.validated, 4)}
+             "validated_speedup": None if a.validated is None else round(a.validated, 4),
+             "plausible": a.plausible}
             for a in advice]
     return pd.DataFrame(rows)
 
@@ -218,8 +226,9 @@ def profile_json(table: pd.DataFrame, workloads: list[str] | None = None,
     """A ``Profile`` (engine/policies.py format) from the sweep, pooled over ``workloads``.
 
     ``step_seconds[c][k]`` = T0(c)·(1 + c_eff(c)·k) for k = 0…k_max (round time at batch ≈ c),
-    ``accept_at_least`` = pooled per-position acceptance, continued to k_max. None when the
-    sweep lacks acceptance or costs.
+    ``accept_at_least`` = pooled per-position acceptance, continued to k_max. Load levels whose
+    costs are implausible (see ``Costs.plausible``) are left out. None when the sweep lacks
+    acceptance or costs.
     """
     t = table if workloads is None else table[table.workload.isin(workloads)]
     k = k_run(t)
@@ -229,7 +238,8 @@ def profile_json(table: pd.DataFrame, workloads: list[str] | None = None,
     by_c: dict[float, list[Costs]] = {}
     for w in dict.fromkeys(t.workload):
         for cost in costs(t, w, k):
-            by_c.setdefault(cost.concurrency, []).append(cost)
+            if cost.plausible:  # a noisy load level falls back to its nearest neighbour
+                by_c.setdefault(cost.concurrency, []).append(cost)
     if not by_c:
         return None
     steps = {}

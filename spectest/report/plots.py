@@ -153,7 +153,7 @@ def speedup(sweeps: list[Sweep], bps: list[list[BreakPoint]], path: Path) -> Pat
                 fontsize=8, color="#d73027")
         ax.set_ylabel(ylabel, fontsize=9)
         _concurrency_axis(ax, sweeps)
-    axes[0].legend(fontsize=8, loc="upper right", title="workload (X = crossover)",
+    axes[0].legend(fontsize=8, loc="best", title="workload (X = crossover)",
                    title_fontsize=8, handlelength=3.5)
     return _save(fig, path)
 
@@ -279,7 +279,8 @@ def k_advisor(sweeps: list[Sweep], path: Path) -> Path | None:
         for i, a in enumerate(items):
             colour = cmap(i / max(1, len(items) - 1) * 0.85)
             ks = np.arange(len(a.curve))
-            ax.plot(ks, a.curve, color=colour, lw=1.8, label=f"c={a.concurrency:g}")
+            ax.plot(ks, a.curve, color=colour, lw=1.8, ls="-" if a.plausible else ":",
+                    label=f"c={a.concurrency:g}" + ("" if a.plausible else " (noisy costs)"))
             ax.plot([a.best_k], [a.predicted_best], marker="*", ms=13, color=colour,
                     mec="black")
             if a.measured_at_run is not None:

@@ -229,7 +229,8 @@ def k_section(sweep: Sweep, figure: Path | None) -> Section:
              _x(a.measured_at_run), _x(a.predicted_at_run),
              "off" if a.best_k == 0 else str(a.best_k), _x(a.predicted_best),
              (f"{_x(a.validated)} (mean K {fmt(a.validated_k, '.1f')})"
-              if a.validated is not None else "–")] for a in advice]
+              if a.validated is not None else "–"),
+             "" if a.plausible else "costs implausible (noise)"] for a in advice]
     src = sorted({a.source for a in advice})
     blocks = [
         "From the measured per-position acceptance p_i and the measured cost of a speculative "
@@ -239,7 +240,12 @@ def k_section(sweep: Sweep, figure: Path | None) -> Section:
         "tokens stops being free. Positions past the K that ran are continued geometrically; "
         f"costs come from {' and '.join(src)} and are assumed linear in K.",
         Table(["workload", "c", "K run", "c (cost/draft token)", "measured speedup",
-               "predicted at K run", "best K", "predicted at best K", "validated"], rows)]
+               "predicted at K run", "best K", "predicted at best K", "validated", "note"],
+              rows)]
+    if not all(a.plausible for a in advice):
+        blocks.append("\"costs implausible\": at that load the speculative round measured "
+                      "cheaper than a plain target round, which cannot be — the two arms ran "
+                      "under different background load. Do not trust that row's K.")
     if figure is not None:
         blocks.append(Image(figure, "Predicted speedup vs K per concurrency: ★ best K, × "
                                     "measured at the K that ran, ◆ the advised policy run."))

@@ -104,8 +104,6 @@ class Server:
 
     async def _stop(self, app):
         await asyncio.to_thread(self.engine.stop)
-        if self.round_tracer is not None:
-            await asyncio.to_thread(self.round_tracer.shutdown)  # its spans, then the export
         if self.provider is not None:
             self.provider.shutdown()
 

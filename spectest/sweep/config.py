@@ -38,11 +38,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "--max-concurrency)")
     g.add_argument("--max-concurrency", type=int, default=0,
                    help="doubling steps 1, 2, 4 … up to this (default 8)")
-    g.add_argument("--step-time", type=float, default=12.0,
-                   help="measured seconds per step and arm (default 12)")
-    g.add_argument("--warmup", type=float, default=4.0,
+    g.add_argument("--step-time", type=float, default=10.0,
+                   help="measured seconds per step and arm (default 10)")
+    g.add_argument("--warmup", type=float, default=3.0,
                    help="warm-up seconds before each step's measurement, at the step's "
-                        "concurrency (default 4; 0: none). The measured time is split into "
+                        "concurrency (default 3; 0: none). The measured time is split into "
                         "windows of this length, whose spread estimates the noise")
     g.add_argument("--requests-per-step", type=int, default=0,
                    help="end a step once this many measured requests have finished "
@@ -50,8 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--arms", default="spec,base",
                    help="arms to run: spec (speculation on), base (off) (default both)")
     g.add_argument("--seed", type=int, default=0, help="replay seed for the workload records")
-    g.add_argument("--max-tokens", type=int, default=128,
-                   help="cap on output tokens per request (0: each record's own length)")
+    g.add_argument("--max-tokens", type=int, default=96,
+                   help="cap on output tokens per request (default 96; 0: each record's own "
+                        "length)")
     g.add_argument("--max-prompt-chars", type=int, default=None,
                    help="skip longer prompts (default 2000 with --embedded, else no limit)")
     g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature")
@@ -112,12 +113,12 @@ class SweepConfig:
     out: Path
     workloads: tuple[str, ...] = DEFAULT_WORKLOADS
     steps: tuple[int, ...] = DEFAULT_STEPS
-    step_time_s: float = 12.0
-    warmup_s: float = 4.0
+    step_time_s: float = 10.0
+    warmup_s: float = 3.0
     requests_per_step: int = 0
     arms: tuple[str, ...] = ("spec", "base")
     seed: int = 0
-    max_tokens: int = 128
+    max_tokens: int = 96
     max_prompt_chars: int = 0
     temperature: float = 0.0
     patience: int = 2
@@ -143,8 +144,8 @@ class SweepConfig:
         return max(1, round(self.step_time_s / self.window_s))
 
     def estimated_s(self) -> float:
-        """A rough total: every step of every arm and workload, plus ~3 s start/stop each."""
-        per = (self.windows + (1 if self.warmup_s > 0 else 0)) * self.window_s + 3
+        """A rough total: every step of every arm and workload, plus ~5 s start/stop each."""
+        per = (self.windows + (1 if self.warmup_s > 0 else 0)) * self.window_s + 5
         n = len(self.workloads) * len(self.steps) * len(self.arms)
         extra = len(self.steps) * per if self.validate_k else 0
         return n * per + extra

@@ -14,9 +14,7 @@ the provider in, and a ``None`` provider means tracing is off at zero cost.
 from __future__ import annotations
 
 import json
-import logging
 import os
-import queue
 import threading
 from pathlib import Path
 from typing import Sequence
@@ -28,8 +26,6 @@ from opentelemetry.sdk.trace.export import (BatchSpanProcessor, ConsoleSpanExpor
                                             SpanExporter, SpanExportResult)
 from opentelemetry.sdk.util import ns_to_iso_str
 from opentelemetry.trace import Span, SpanKind, set_span_in_context
-
-log = logging.getLogger("spectest.telemetry")
 
 # GenAI semantic-convention attribute names (shared/REFERENCE.md).
 OPERATION = "gen_ai.operation.name"
@@ -146,24 +142,14 @@ class RoundTracer:
     it (``unregister``) when the request ends; rows whose request has no span are skipped.
     A request's last tokens reach the server *before* the engine calls its observers for that
     round, so ``unregister`` only marks the span: it is dropped after the next round record
-    has been seen, and the request's last round still gets its span.
-
-    Spans are built on a worker thread (``trace``): the engine thread only looks up the
-    parents and queues the record, so the OpenTelemetry SDK's per-span work (tens of µs, three
-    spans per request per round) overlaps the next round's forward passes instead of delaying
-    them. The queue is bounded (the engine waits when it is full: no record is dropped).
-    ``flush`` waits until everything queued is traced; ``shutdown`` also stops the worker.
+    has been traced, and the request's last round still gets its span.
     """
 
-    def __init__(self, provider: TracerProvider, max_queue: int = 1024):
+    def __init__(self, provider: TracerProvider):
         self.tracer = provider.get_tracer("spectest.engine")
         self._spans: dict[str, Context] = {}
         self._retired: set[str] = set()
         self._lock = threading.Lock()
-        self._queue: queue.Queue = queue.Queue(max_queue)
-        self._worker = threading.Thread(target=self._work, name="spectest-round-spans",
-                                        daemon=True)
-        self._worker.start()
 
     def register(self, request_id: str, span: Span) -> None:
         if not span.is_recording():  # sampled out (OTEL_TRACES_SAMPLER): no round spans
@@ -180,34 +166,14 @@ class RoundTracer:
         with self._lock:
             retired, self._retired = self._retired, set()
             parents = {row.request_id: self._spans.get(row.request_id) for row in record.rows}
-            for request_id in retired:
-                self._spans.pop(request_id, None)
-        if any(parents.values()):
-            self._queue.put((record, parents))
+        try:
+            self._trace(record, parents)
+        finally:
+            with self._lock:
+                for request_id in retired:
+                    self._spans.pop(request_id, None)
 
-    def flush(self, timeout: float = 10.0) -> bool:
-        """Wait until every round queued so far has its spans (ended, so exported next)."""
-        done = threading.Event()
-        self._queue.put(done)
-        return done.wait(timeout)
-
-    def shutdown(self, timeout: float = 10.0) -> None:
-        if self._worker.is_alive():
-            self._queue.put(None)
-            self._worker.join(timeout)
-
-    def _work(self) -> None:
-        while (item := self._queue.get()) is not None:
-            if isinstance(item, threading.Event):
-                item.set()
-                continue
-            try:
-                self.trace(*item)
-            except Exception:  # a tracing bug must not stop tracing (or the engine)
-                log.exception("tracing a round failed")
-
-    def trace(self, record, parents: dict[str, Context | None]) -> None:
-        """The spans of one round record (on the worker thread)."""
+    def _trace(self, record, parents: dict[str, Context | None]) -> None:
         start = _ns(record.started_at)
         draft_end = start + _ns(record.draft_seconds)
         end = draft_end + _ns(record.verify_seconds)

@@ -75,7 +75,7 @@ def run_audit(out: Path, *args: str, timeout: float = 240) -> AuditOutcome:
     return AuditOutcome(proc.returncode, proc.stdout, proc.stderr, out)
 
 
-def small(prompts: int = 12, samples: int = 4, tokens: int = 24) -> tuple[str, ...]:
+def small(prompts: int = 8, samples: int = 4, tokens: int = 24) -> tuple[str, ...]:
     """Smaller than the defaults, to keep the suite fast (the benchmark runs the defaults)."""
     return ("--num-prompts", str(prompts), "--samples-per-prompt", str(samples),
             "--sample-tokens", str(tokens), "--greedy-tokens", "32")

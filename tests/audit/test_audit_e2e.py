@@ -41,7 +41,7 @@ def _assert_correct(outcome) -> None:
     kl = report["checks"]["logprobs"]["all"]
     assert kl["positions"] > 500 and kl["mean_kl"] < 1e-6 and kl["max_abs_logprob"] < 1e-3
     dist = report["checks"]["distribution"]
-    assert dist["status"] == "pass" and dist["violations"] == 0 and dist["tested_tokens"] > 500
+    assert dist["status"] == "pass" and dist["violations"] == 0 and dist["tested_tokens"] > 300
     assert report["candidate_speculation"]["sampled"]["drafts"] > 0  # it really speculated
     assert _junit(outcome) == {"greedy": "pass", "logprobs": "pass", "distribution": "pass"}
     assert "PASS" in (outcome.out / "summary.md").read_text()
@@ -73,14 +73,14 @@ def test_correct_ngram_speculation_passes_embedded(models, tmp_path):
 
 # fault → (checks to run, the check that must fail, words the cause must contain, sizes)
 FAULTS = {
-    "kv-rewind-off-by-one": ("greedy,logprobs", "greedy", "KV-cache", small(prompts=8)),
+    "kv-rewind-off-by-one": ("greedy,logprobs", "greedy", "KV-cache", small()),
     "greedy-verify-sampled": ("distribution,logprobs", "distribution", "greedy matching",
-                              small(prompts=8)),
+                              small()),
     "draft-only-temperature": ("distribution,logprobs", "distribution", "temperature",
-                               small(prompts=16, samples=8, tokens=32)),
-    "draft-only-top-p": ("distribution,logprobs", "distribution", "top-p", small(prompts=8)),
+                               small()),
+    "draft-only-top-p": ("distribution,logprobs", "distribution", "top-p", small()),
     "lossy-threshold": ("distribution,logprobs", "distribution", "lossy acceptance",
-                        small(prompts=32, samples=8, tokens=32)),
+                        small(prompts=16, samples=12, tokens=32)),
 }
 
 
@@ -106,7 +106,9 @@ def test_injected_fault_fails_the_right_check_and_names_the_cause(fault, models,
         assert report["checks"]["logprobs"]["first_token"]["max_kl"] < 1e-6
         first = report["checks"]["greedy"]["divergences"][0]
         assert first["index"] >= 1 and first["margin"] > 0.01
-    assert report["worst_prompts"] and report["worst_prompts"][0]["problems"]
+    assert len(report["worst_prompts"]) == 5
+    if failing == "greedy":
+        assert "greedy diverges" in report["worst_prompts"][0]["problems"][0]
 
 
 def test_a_cancelled_audit_keeps_the_checks_that_finished(correct_url, tmp_path):

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spectest.audit import distribution as D
+from spectest.audit import distribution_check as C
 from spectest.audit import greedy
 from spectest.audit.logprobs import shared_kl
 from spectest.audit.samples import AuditError, Completion, Position, PromptCase, parse_logprobs
@@ -61,8 +62,8 @@ def _audit(rng, spec, n, sampler=None, at_first=True):
         q = sampler(dist, logits) if shift else dist.probs
         token = int(dist.ids[rng.choice(len(q), p=q / q.sum())]) if len(q) == len(dist.ids) \
             else int(rng.choice(V, p=q))
-        items.append(D.Sampled(k % 8, k % 16, token, position(logits, token)))
-    return D.check(items, spec, 0.01, 8, int(rng.integers(1 << 30)), 1e-4)
+        items.append(C.Sampled(k % 8, k % 16, token, position(logits, token)))
+    return C.check(items, spec, 0.01, 8, int(rng.integers(1 << 30)), 1e-4)
 
 
 def test_false_positive_rate_under_the_null_is_at_most_alpha():

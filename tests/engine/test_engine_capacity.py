@@ -73,13 +73,18 @@ def test_over_long_prompt_is_refused_and_engine_keeps_serving(models):
 
 
 def test_queue_bound(models):
+    """Up to max_num_seqs + max_waiting requests are accepted (free slots do not count as
+    waiting); beyond that, QueueFullError until a slot frees."""
     engine = _engine(models, max_num_seqs=1, max_waiting=2)
-    engine.submit(_req("a"), lambda o: None)
-    engine.submit(_req("b"), lambda o: None)
+    for rid in ("a", "b", "c"):
+        engine.submit(_req(rid, max_tokens=3), lambda o: None)
     with pytest.raises(QueueFullError):
-        engine.submit(_req("c"), lambda o: None)
-    engine.step()  # a admitted → room in the queue again
-    engine.submit(_req("c"), lambda o: None)
+        engine.submit(_req("d"), lambda o: None)
+    engine.step()  # a admitted
+    with pytest.raises(QueueFullError):
+        engine.submit(_req("d"), lambda o: None)
+    engine.run_until_idle()
+    engine.submit(_req("d"), lambda o: None)
 
 
 def test_bad_request_fails_alone(models):

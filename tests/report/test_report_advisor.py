@@ -106,3 +106,12 @@ def test_k_comes_from_draft_tokens_per_draft_without_a_k_gauge():
     t.loc[t.arm == "spec", "draft_tokens"] = t.loc[t.arm == "spec", "drafts"] * K_RUN
     assert advisor.k_run(t, "chat") == K_RUN
     assert len(advisor.advise(t, "chat")) == 4
+
+
+def test_implausible_costs_are_flagged_and_left_out_of_the_profile():
+    t = sweep_table()
+    noisy = (t.arm == "base") & (t.concurrency == 8)
+    t.loc[noisy, "verify_ms_per_round"] = 500.0  # a plain round "slower" than a spec round
+    advice = {a.concurrency: a for a in advisor.advise(t, "chat")}
+    assert not advice[8].plausible and all(advice[c].plausible for c in (1, 2, 4))
+    assert set(advisor.profile_json(t)["step_seconds"]) == {"1", "2", "4"}

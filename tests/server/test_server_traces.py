@@ -29,7 +29,6 @@ def read_spans(live: LiveServer, path: Path, wait_for: str | None = None,
     the client can read the end of a response a moment before the server span ends and the
     engine thread has traced the last round."""
     def spans():
-        live.server.round_tracer.flush()
         live.server.provider.force_flush()
         return [json.loads(line) for line in path.read_text().splitlines()]
 

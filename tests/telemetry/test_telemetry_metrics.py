@@ -151,7 +151,7 @@ def test_rarely_hit_series_exist_at_zero_from_start(reg_metrics):
         assert reg.get_sample_value(N.REQUEST_ERRORS.sample_name, {**ENGINE, "code": code}) == 0
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, database=None)
 @given(tags=st.lists(st.text(max_size=30), min_size=1, max_size=10))
 def test_no_client_tag_adds_a_label_value(tags):
     reg = CollectorRegistry()
