@@ -40,8 +40,8 @@ Three statistics on the pooled sample, combined by Bonferroni (each at alpha/3):
     the fixed bins PROB_BINS, against Σ_t p_t(bin); the covariance is exact (Σ_t of the
     per-position multinomial covariances), W → χ²(bins - 1).  It sees shifts that are not
     monotone in p — a lossy acceptance threshold moves mass *into* 0.1 <= p < 0.4 from both
-    sides, which Z and KS barely notice (measured on the embedded pair: W = 47-69 where
-    |Z| ≈ 2-3 at a default audit).
+    sides, which Z and KS barely notice (the engine's lossy-threshold fault on the embedded
+    pair, default audit size: W = 47-69, p ~ 1e-8..1e-12, where Z = 2.0-3.4).
 Tokens outside the support (p_t(x) = 0) are impossible under H0: any one of them fails the
 check outright, unless it lies within --support-tolerance of the support's edge (float noise).
 Positions whose support has one token carry no information and are left out.

@@ -26,7 +26,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, NullLocator
 
 from spectest.report import advisor
-from spectest.report.breakpoints import FOUND, BreakPoint, advantage, speedup_at
+from spectest.report.breakpoints import BELOW, FOUND, BreakPoint, advantage, speedup_at
 from spectest.report.table import Sweep
 
 ARM_COLOURS = {"spec": "#1a9850", "base": "#4d4d4d", "spec-advised": "#2166ac"}
@@ -73,6 +73,11 @@ def _save(fig, path: Path) -> Path:
 def _mark_crossover(ax, bps: list[BreakPoint], workload: str, kind: str, style: str,
                     text: str, row: int = 0) -> None:
     for bp in bps:
+        if bp.workload == workload and bp.kind == kind and bp.status == BELOW:
+            ax.axvspan(bp.concurrency / 4, bp.concurrency * 1e4, color="#d73027", alpha=0.05)
+            ax.annotate(f"{text}: no gain at any step", (0.02, 1.0), xycoords="axes fraction",
+                        xytext=(0, -12 - 11 * row), textcoords="offset points",
+                        color="#d73027", fontsize=8)
         if bp.workload == workload and bp.kind == kind and bp.status == FOUND:
             ax.axvline(bp.concurrency, color="#d73027", ls=style, lw=1.3, alpha=0.9)
             ax.axvspan(bp.concurrency, ax.get_xlim()[1] * 4, color="#d73027", alpha=0.05)

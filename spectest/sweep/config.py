@@ -2,8 +2,9 @@
 
 ``add_arguments`` declares the flags; ``SweepConfig.from_args`` checks them and raises
 ``ConfigError`` (one readable line) on bad input. Defaults are the README's first command: the
-embedded pair, workloads chat, code and rag, concurrency 1, 2, 4, 8, a 4 s warm-up and 12 s
-measured per step and arm — 24 steps, about 9 minutes on a 2-core machine.
+embedded pair, workloads chat, code and rag, concurrency 1, 2, 4, 8, a 3.3 s warm-up and 10 s
+measured per step and arm (24 steps), then the K advisor's validation arm (4 steps): measured at
+8 min 15 s in all on the 2-core development machine while other jobs shared it.
 
 It knows nothing about processes, Locust or the report's internals.
 """
@@ -87,7 +88,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def parse_steps(text: str, max_concurrency: int) -> tuple[int, ...]:
-    """``1,2,4,8`` → (1, 2, 4, 8); empty → doubling from 1 up to ``max_concurrency`` (default 8)."""
+    """``1,2,4,8`` → (1, 2, 4, 8); empty → doubling from 1 up to ``max_concurrency`` (8)."""
     if text.strip():
         if max_concurrency:
             raise ConfigError("use --steps or --max-concurrency, not both")

@@ -194,7 +194,8 @@ class SweepRunner:
                         continue
                     host, speculative = arms[arm]
                     self._one_step(workload, arm, c, host, speculative, index, total)
-                    self._maybe_stop(workload_name(workload), arm)
+                    if c < cfg.steps[-1]:  # stopping after the last step saves nothing
+                        self._maybe_stop(workload_name(workload), arm)
                 if all(f"{workload_name(workload)}/{a}" in self.stopped for a in cfg.arms):
                     break
 
