@@ -50,9 +50,13 @@ False-positive rate: alpha exactly for the PIT/KS part and asymptotically for Z 
 the thousands); Bonferroni makes the check's rate <= alpha.  Power against a per-token total-
 variation shift of 0.05, the runtime of a default audit, and the comparison with the
 two-sample G-test (sample k short continuations per prompt from each server, G-test per
-prompt, Holm over prompts) are measured by ``benchmarks/audit_power.py``.  The default
-temperature 0.5 was chosen by measurement too: it keeps several candidate tokens at most
-positions and makes a lossy threshold move the most mass.  What a one-token-per-prefix test
+prompt, Holm over prompts) are measured by ``benchmarks/audit_power.py``; on the embedded
+pair at default settings (~6,900 informative tokens): false-positive rate 0.85% over 4,000
+simulated audits (95% upper bound 1.19%), detection 100% for each of seven shift kinds at
+TV 0.05 (500 audits each), the two-sample G-test 49% on average with the same budget.  The
+default temperature 0.5 was chosen by measurement too: of 0.3, 0.5 and 0.8 it gave the
+lossy-threshold fault its clearest signal while keeping several candidate tokens at most
+positions.  What a one-token-per-prefix test
 cannot see: a shift whose direction is random per prefix and averages out (e.g. wrong logits
 from a state bug) — the logprob/KL check, which compares the distributions themselves,
 catches those.
