@@ -63,7 +63,8 @@ spectest train-demo-models --seed {f['seed']} --out spectest/models   # about {f
 python benchmarks/models.py        # sizes, speed, cost ratio c, agreement by domain
 ```
 Same seed and thread count → the same tokenizer and closely matching losses
-(`tests/training/test_training_reproducible.py`).
+(`tests/training/test_training_reproducible.py`). Engine-level acceptance:
+`python benchmarks/engine_speedup.py`.
 """
 
 
