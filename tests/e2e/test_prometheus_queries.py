@@ -9,7 +9,6 @@ names table, plus the vLLM counterparts); set ``SPECTEST_E2E_TARGET`` to the ``/
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ from dashboards.flavours import FLAVOURS
 from dashboards.promql import (panel_queries, parse_label_values, rule_expressions, substitute,
                                variable_queries)
 from dashboards.render import render_panels
-from prometheus_harness import PromQLError, running_prometheus
+from prometheus_harness import PromQLError, assert_panel_has_data, running_prometheus
 from synthetic_exporter import SyntheticExporter
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,11 +71,7 @@ def test_metric_names_survive_the_scrape(prom):
 @pytest.mark.parametrize("q", PANEL_QUERIES, ids=[f"{q.dashboard}:{q.panel}:{q.ref_id}"
                                                   for q in PANEL_QUERIES])
 def test_panel_query_returns_data(prom, q):
-    expr = substitute(q.expr, VALUES)
-    result = prom.query(expr)
-    assert result, f"{q.dashboard} / {q.panel}: no data for {expr}"
-    assert any(math.isfinite(r["value"]) for r in result), \
-        f"{q.dashboard} / {q.panel}: only NaN/Inf for {expr}: {result}"
+    assert_panel_has_data(prom, q, VALUES)
 
 
 @pytest.mark.parametrize("uid,var,query", VARIABLE_QUERIES,
