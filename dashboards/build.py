@@ -3,7 +3,8 @@
 This module owns the Grafana side: template variables (a ``datasource`` variable plus one
 multi-value variable per label the flavour filters on), panel layout and options, the JSON files
 under ``dashboards/`` and the drift check.  What the panels show lives in ``dashboards.speculative``
-and ``dashboards.serving``; which metrics and labels an engine has in ``dashboards.flavours``.
+and ``dashboards.serving``; which metrics and labels a server has in ``spectest.flavours`` (read
+through ``dashboards.flavours``).  Every flavour with dashboard variables gets both dashboards.
 
     python -m dashboards.build                 # regenerate dashboards/*.json
     python -m dashboards.build --check         # exit 1 if the committed JSON is stale
@@ -28,9 +29,10 @@ from grafana_foundation_sdk.builders.dashboard import (DatasourceVariable, Dashb
                                                        QueryVariable, Row, ThresholdsConfig)
 from grafana_foundation_sdk.builders.prometheus import Dataquery as PromQuery
 from grafana_foundation_sdk.builders.stat import Panel as StatPanel
+from grafana_foundation_sdk.builders.text import Panel as TextPanel
 from grafana_foundation_sdk.builders.timeseries import Panel as TimeseriesPanel
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
-from grafana_foundation_sdk.models import common
+from grafana_foundation_sdk.models import common, text
 from grafana_foundation_sdk.models.dashboard import (DashboardCursorSync, DataSourceRef,
                                                      Threshold, ThresholdsMode, VariableOption,
                                                      VariableRefresh, VariableSort)
@@ -42,7 +44,7 @@ from dashboards.speculative import speculative_dashboard
 
 HERE = Path(__file__).resolve().parent
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
-PANEL_HEIGHT = {"timeseries": 8, "stat": 4}
+PANEL_HEIGHT = {"timeseries": 8, "stat": 4, "text": 5}
 
 
 def _thresholds(p: PanelSpec) -> ThresholdsConfig:
@@ -52,6 +54,10 @@ def _thresholds(p: PanelSpec) -> ThresholdsConfig:
 
 
 def _panel(p: PanelSpec):
+    if p.kind == "text":
+        return (TextPanel().title(p.title).description(p.description)
+                .mode(text.TextMode.MARKDOWN).content(p.content).span(p.width)
+                .height(PANEL_HEIGHT[p.kind]))
     if p.kind == "stat":
         panel = (StatPanel().graph_mode(common.BigValueGraphMode.NONE)
                  .color_mode(common.BigValueColorMode.VALUE)

@@ -1,19 +1,26 @@
-"""Which engine a dashboard is built for: metric prefix, label set, template variables.
+"""Which server a dashboard is built for: the flavour's series, plus the dashboard-only choices.
 
-This module owns the mapping from the one metric table (``spectest.telemetry.names``) to the
-series an engine actually exposes, and the PromQL *selectors* built from it.  It knows nothing
-about panels or Grafana JSON.
+Names and semantics — prefix, which metrics of the table (``spectest.telemetry.names``) a server
+exposes and under which sample name, its labels, its extra series — are one row of
+``spectest.flavours``; this module does not repeat them.  It adds what only a dashboard needs,
+keyed by the flavour key: the template variables (in display order) and the labels every curve is
+split by, and builds the PromQL *selectors* from both.  It knows nothing about panels or Grafana
+JSON.
 
-The vLLM flavour is a second build, not a variable: vLLM exposes a subset of the table, under the
-``vllm:`` prefix and with the labels ``model_name`` and ``engine`` instead of spectest's
-``model_name`` / ``drafter`` / ``workload``.  A prefix variable alone would leave panels querying
-labels and metrics that do not exist, so each flavour gets its own JSON files.
+Each flavour is a separate build, not a variable: vLLM exposes a subset of the table with the
+labels ``model_name`` and ``engine``; llama.cpp a smaller subset with no labels at all (a
+deployment is the scrape target, Prometheus's ``job`` / ``instance``).  A prefix variable alone
+would leave panels querying labels and metrics that do not exist, so each flavour gets its own
+JSON files, and a panel whose metric a flavour lacks is left out of its build (``MissingMetric``).
+
+Adding a server: one row in ``spectest/flavours.py`` plus, here, its variables and ``series_by``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from spectest import flavours as server_flavours
 from spectest.telemetry import names
 from spectest.telemetry.names import MetricSpec
 
@@ -22,67 +29,108 @@ RATE_WINDOW = "$__rate_interval"
 # The whole time range of the dashboard, for the summary stats in the top row.
 RANGE_WINDOW = "$__range"
 
-# The documented ``vllm:`` counterparts (shared/REFERENCE.md, "Speculative-decoding metrics as
-# vLLM exposes them" and "Serving metrics").  Every other entry of names.ALL is spectest-only.
-VLLM_METRICS: tuple[MetricSpec, ...] = (
-    names.SPEC_NUM_DRAFTS, names.SPEC_NUM_DRAFT_TOKENS, names.SPEC_NUM_ACCEPTED_TOKENS,
-    names.SPEC_NUM_ACCEPTED_PER_POS,
-    names.TTFT, names.ITL, names.TPOT, names.E2E, names.QUEUE, names.PREFILL, names.DECODE,
-    names.RUNNING, names.WAITING, names.KV_USAGE,
-    names.PROMPT_TOKENS, names.GENERATION_TOKENS, names.PREEMPTIONS, names.REQUEST_SUCCESS,
-)
-VLLM_BASE_LABELS = ("model_name", "engine")
-
+# Labels Prometheus attaches to every scraped series, whatever the server exposes.
+SCRAPE_LABELS = ("job", "instance")
+# The table's identity labels: a server has them only where the table says a metric has them.
+# Any other label of a flavour's row (vLLM's ``engine``) is on every series.
+_IDENTITY = frozenset(names.REQUEST_LABELS + names.ENGINE_LABELS)
 _HISTOGRAM_PARTS = ("_bucket", "_sum", "_count")
+
+# Dashboard-only choices per flavour key: (template variables, labels each curve is split by).
+# A flavour missing here (SGLang: a gauge, not the counters) gets no dashboards.
+DASHBOARD_LABELS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "spectest": (("model_name", "drafter", "workload"), ("model_name", "drafter")),
+    "vllm": (("model_name",), ("model_name",)),
+    "llamacpp": (("job", "instance"), ("job", "instance")),
+}
+
+
+class MissingMetric(KeyError):
+    """A panel asked for a series the flavour does not expose: the panel is left out."""
 
 
 @dataclass(frozen=True)
 class Flavour:
-    """One engine's view of the metric table."""
+    """One server flavour as the dashboards see it."""
 
-    key: str  # file-name prefix and uid prefix
-    display: str  # shown in dashboard titles
-    prefix: str  # metric-name prefix, with the colon
-    metrics: frozenset[str]  # names.py names (``spectest:`` form) this engine exposes
+    server: server_flavours.Flavour
     variables: tuple[str, ...]  # label template variables, in display order
     series_by: tuple[str, ...]  # labels every curve is split by
-    base_labels: tuple[str, ...] | None  # replaces the table's identity labels (vLLM)
+
+    @property
+    def key(self) -> str:  # file-name prefix and uid prefix
+        return self.server.key
+
+    @property
+    def display(self) -> str:  # shown in dashboard titles
+        return self.server.display
+
+    @property
+    def prefix(self) -> str:
+        return self.server.prefix
 
     def has(self, *specs: MetricSpec) -> bool:
-        return all(s.name in self.metrics for s in specs)
+        return self.server.has(*specs)
+
+    def has_extra(self, *roles: str) -> bool:
+        return all(role in self.server.extras for role in roles)
+
+    def sample_names(self) -> set[str]:
+        """Every sample name of the server's series the dashboards know, as scraped."""
+        out = set(self.server.extras.values())
+        for spec in names.ALL:
+            if self.has(spec):
+                parts = _HISTOGRAM_PARTS if spec.kind == "histogram" else ("",)
+                out |= {self.metric(spec, part) for part in parts}
+        return out
 
     def labels_of(self, spec: MetricSpec) -> tuple[str, ...]:
-        """The labels the engine puts on ``spec``'s series."""
-        if self.base_labels is None:
-            return spec.labels
-        extra = tuple(label for label in spec.labels if label not in names.REQUEST_LABELS)
-        return self.base_labels + extra
+        """The labels the server itself puts on ``spec``'s series (not Prometheus's)."""
+        own = tuple(label for label in self.server.labels
+                    if label not in _IDENTITY or label in spec.labels)
+        return own + tuple(label for label in spec.labels if label not in _IDENTITY)
 
     def metric(self, spec: MetricSpec, part: str = "") -> str:
-        """The scraped sample name: counters gain ``_total``, histograms need a part."""
-        if not self.has(spec):
-            raise KeyError(f"{self.display} does not expose {spec.name}")
+        """The scraped sample name: counters with ``_total``, histograms need a part."""
+        sample = self.server.sample(spec)
+        if sample is None:
+            raise MissingMetric(f"{self.display} does not expose {spec.name}")
         if spec.kind == "histogram":
             if part not in _HISTOGRAM_PARTS:
                 raise ValueError(f"{spec.name} is a histogram: part must be one of "
                                  f"{_HISTOGRAM_PARTS}, got {part!r}")
         elif part:
             raise ValueError(f"{spec.name} is a {spec.kind}: no part {part!r}")
-        return names.renamed(spec, self.prefix) + ("_total" if spec.kind == "counter" else part)
+        return sample + part
 
-    def select(self, spec: MetricSpec, part: str = "", **match: str) -> str:
-        """``name{var=~"$var", ..., extra}``: every template variable the series carries.
+    def extra(self, role: str) -> str:
+        """The sample name of one of the flavour's extra series (``Flavour.extras``)."""
+        try:
+            return self.server.extras[role]
+        except KeyError:
+            raise MissingMetric(f"{self.display} has no {role} series") from None
 
-        ``match`` values are equality matches unless they start with an operator
-        (``code="=~5.."``, ``finished_reason="!~stop|length"``).
-        """
-        matchers = [f'{v}=~"${v}"' for v in self.variables if v in self.labels_of(spec)]
+    def _selector(self, metric: str, labels: tuple[str, ...], part: str,
+                  match: dict[str, str]) -> str:
+        labels = labels + SCRAPE_LABELS
+        matchers = [f'{v}=~"${v}"' for v in self.variables if v in labels]
         for label, value in match.items():
-            if label not in self.labels_of(spec) and not (label == "le" and part == "_bucket"):
-                raise ValueError(f"{spec.name} has no label {label!r}")
+            if label not in labels and not (label == "le" and part == "_bucket"):
+                raise ValueError(f"{metric} has no label {label!r}")
             op, value = (value[:2], value[2:]) if value[:2] in ("=~", "!~", "!=") else ("=", value)
             matchers.append(f'{label}{op}"{value}"')
-        return f"{self.metric(spec, part)}{{{', '.join(matchers)}}}"
+        return f"{metric}{{{', '.join(matchers)}}}"
+
+    def select(self, spec: MetricSpec | str, part: str = "", **match: str) -> str:
+        """``name{var=~"$var", ..., extra}``: every template variable the series carries.
+
+        ``spec`` is a metric of the table or the role of an extra series.  ``match`` values are
+        equality matches unless they start with an operator (``code="=~5.."``,
+        ``finished_reason="!~stop|length"``).
+        """
+        if isinstance(spec, str):
+            return self._selector(self.extra(spec), (), part, match)
+        return self._selector(self.metric(spec, part), self.labels_of(spec), part, match)
 
     def by(self, *extra: str) -> str:
         """The ``by (...)`` label list for curves split per deployment, plus ``extra``."""
@@ -100,24 +148,12 @@ class Flavour:
         return f"label_values({selector}, {label})"
 
 
-SPECTEST = Flavour(
-    key="spectest",
-    display="spectest",
-    prefix=names.PREFIX,
-    metrics=frozenset(m.name for m in names.ALL),
-    variables=("model_name", "drafter", "workload"),
-    series_by=("model_name", "drafter"),
-    base_labels=None,
-)
+def for_server(server: server_flavours.Flavour) -> Flavour:
+    variables, series_by = DASHBOARD_LABELS[server.key]
+    return Flavour(server, variables, series_by)
 
-VLLM = Flavour(
-    key="vllm",
-    display="vLLM",
-    prefix="vllm:",
-    metrics=frozenset(m.name for m in VLLM_METRICS),
-    variables=("model_name",),
-    series_by=("model_name",),
-    base_labels=VLLM_BASE_LABELS,
-)
 
-FLAVOURS: tuple[Flavour, ...] = (SPECTEST, VLLM)
+FLAVOURS: tuple[Flavour, ...] = tuple(for_server(f) for f in server_flavours.FLAVOURS
+                                      if f.key in DASHBOARD_LABELS)
+BY_KEY = {f.key: f for f in FLAVOURS}
+SPECTEST, VLLM, LLAMACPP = BY_KEY["spectest"], BY_KEY["vllm"], BY_KEY["llamacpp"]

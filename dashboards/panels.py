@@ -2,23 +2,25 @@
 
 This module owns the frozen dataclasses a dashboard is described with (``DashboardSpec`` → rows
 → panels → queries), the handful of PromQL shapes every panel is made of (summed rates, ratios,
-histogram quantiles, SLO shares), and the thresholds drawn on panels.  The panels themselves live
-in ``dashboards.speculative`` and ``dashboards.serving``; Grafana JSON in ``dashboards.build``.
+histogram quantiles, SLO shares), the thresholds drawn on panels, and ``row``, which leaves out
+every panel that queries a series the flavour lacks.  The panels themselves live in
+``dashboards.speculative`` and ``dashboards.serving``; Grafana JSON in ``dashboards.build``.
 
-The thresholds are the ones the alert rules use (``alerts/spectest.rules.yml``); ``tests/alerts``
-checks that the two agree.
+The thresholds are the ones the alert rules use (``alerts/catalogue.py`` imports them from here;
+``tests/alerts`` checks the generated rules carry them).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from prometheus_client.utils import floatToGoString
 
 from spectest.telemetry import names
 from spectest.telemetry.names import MetricSpec
 
-from dashboards.flavours import RATE_WINDOW, Flavour
+from dashboards.flavours import RATE_WINDOW, Flavour, MissingMetric
 
 # Shared with the alert rules (tests/alerts checks they match).
 ACCEPTANCE_RATE_FLOOR = 0.6
@@ -40,13 +42,14 @@ class PanelSpec:
     description: str
     unit: str
     queries: tuple[Query, ...]
-    kind: str = "timeseries"  # "timeseries" | "stat"
+    kind: str = "timeseries"  # "timeseries" | "stat" | "text" (Markdown ``content``, no queries)
     width: int = 12
     min: float | None = None
     max: float | None = None
     # Colour steps (value the colour starts at, colour); the first step starts at -inf.
     steps: tuple[tuple[float | None, str], ...] = ()
     stacked: bool = False
+    content: str = ""  # text panels only
 
 
 @dataclass(frozen=True)
@@ -70,9 +73,9 @@ def _sum(by: str, inner: str) -> str:
     return f"sum by ({by}) ({inner})" if by else f"sum({inner})"
 
 
-def rate(f: Flavour, spec: MetricSpec, part: str = "", by: str | None = None,
+def rate(f: Flavour, spec: MetricSpec | str, part: str = "", by: str | None = None,
          window: str = RATE_WINDOW, **match: str) -> str:
-    """``sum by (deployment) (rate(metric{filters}[window]))``."""
+    """``sum by (deployment) (rate(metric{filters}[window]))``; ``spec`` may be an extra role."""
     selector = f.select(spec, part, **match)
     return _sum(f.by() if by is None else by, f"rate({selector}[{window}])")
 
@@ -133,3 +136,36 @@ def failed_share(f: Flavour, by: str | None = None, window: str = RATE_WINDOW) -
 def red_below(floor: float) -> tuple[tuple[float | None, str], ...]:
     """Colour steps: red under ``floor``, green from it up."""
     return ((None, "red"), (floor, "green"))
+
+
+def at_request_end(f: Flavour) -> str:
+    """A sentence for panels on counters a server only adds to when a request finishes."""
+    if not f.server.counters_at_request_end:
+        return ""
+    return (f" {f.display} adds a request's counts when the request finishes, so rates step up "
+            f"at request ends and read low while long requests run: compare over long ranges.")
+
+
+PanelMaker = Callable[[], PanelSpec]
+
+
+def row(title: str, *makers: PanelMaker, per_line: int = 3) -> RowSpec | None:
+    """A row of the panels whose series the flavour exposes, spread over the width.
+
+    A maker that queries a missing metric (``MissingMetric``) is left out; a row left with no
+    panel is None.  Panels share a line ``per_line`` at a time (stats: all on one line).
+    """
+    panels = []
+    for make in makers:
+        try:
+            panels.append(make())
+        except MissingMetric:
+            continue
+    if not panels:
+        return None
+    n = len(panels) if panels[0].kind == "stat" else min(len(panels), per_line)
+    return RowSpec(title, tuple(replace(p, width=24 // n) for p in panels))
+
+
+def rows(*candidates: RowSpec | None) -> tuple[RowSpec, ...]:
+    return tuple(r for r in candidates if r is not None)

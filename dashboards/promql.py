@@ -15,9 +15,13 @@ from typing import Iterator, Mapping
 
 import yaml
 
+from spectest.flavours import FLAVOURS
+
 # $var, ${var}, ${var:format}, [[var]] — Grafana's variable syntaxes.
 _VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)|\[\[(\w+)\]\]")
-_METRIC = re.compile(r"(?<![\w:])((?:spectest|vllm):[A-Za-z0-9_:]+)")
+# A metric name under any flavour's prefix (spectest:, vllm:, sglang:, llamacpp:).
+PREFIXES = tuple(f.prefix for f in FLAVOURS)
+_METRIC = re.compile(r"(?<![\w:])((?:%s)[A-Za-z0-9_:]+)" % "|".join(map(re.escape, PREFIXES)))
 _LABEL_VALUES = re.compile(r"^\s*label_values\((.*),\s*(\w+)\s*\)\s*$", re.S)
 
 
@@ -95,5 +99,5 @@ def substitute(expr: str, values: Mapping[str, str]) -> str:
 
 
 def metric_names(expr: str) -> set[str]:
-    """Prefixed metric names an expression mentions (``spectest:…`` / ``vllm:…``)."""
+    """Prefixed metric names an expression mentions (``spectest:…``, ``llamacpp:…``, …)."""
     return set(_METRIC.findall(expr))

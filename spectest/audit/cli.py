@@ -21,6 +21,7 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
+from spectest import flavours
 from spectest.audit import gate, runner
 from spectest.audit.samples import AuditError
 from spectest.audit.settings import CHECKS, NAMES, AuditSettings, read_config, resolve
@@ -80,6 +81,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _opt(g, "candidate_extra", "JSON object merged into candidate requests", type=_json_object)
     _opt(g, "baseline_extra", "JSON object merged into baseline requests", type=_json_object)
     _opt(g, "api_key", "Bearer key sent to both servers")
+    _opt(g, "candidate_flavour", "candidate server kind (default: detected)",
+         choices=list(flavours.BY_KEY))
+    _opt(g, "baseline_flavour", "baseline server kind (default: detected)",
+         choices=list(flavours.BY_KEY))
+    _opt(g, "scoring", "how the baseline scores the candidate's tokens: echo + logprobs, or "
+         "generation after each prefix (servers without echo, e.g. llama.cpp)",
+         choices=["auto", "echo", "generation"])
+    _opt(g, "prompt_format", "send prompts as token ids, or as text (servers that refuse "
+         "token ids; the server re-tokenises)", choices=["auto", "token-ids", "text"])
     _opt(g, "embedded_model", "model for 'embedded' servers")
     _opt(g, "embedded_draft", "draft checkpoint for 'embedded' servers")
     _opt(g, "embedded_drafter", "drafter of the embedded candidate",
@@ -95,6 +105,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _opt(g, "samples_per_prompt", "sampled continuations per prompt (distinct seeds)")
     _opt(g, "sample_tokens", "tokens per sampled continuation")
     _opt(g, "logprobs", "top-n logprobs requested (<= 20)")
+    p.add_argument("--noise-floor", dest="noise_floor", action=argparse.BooleanOptionalAction,
+                   default=argparse.SUPPRESS, help="measure the baseline against itself and "
+                   "widen the tie/logprob tolerances to 2x that floor (default: on)")
     p.add_argument("--ignore-eos", dest="ignore_eos", action=argparse.BooleanOptionalAction,
                    default=argparse.SUPPRESS, help="generate full lengths past EOS "
                    "(default: on)")

@@ -1,13 +1,16 @@
-"""An HTTP client for the OpenAI-compatible servers under audit (vLLM, SGLang, spectest serve).
+"""An HTTP client for the OpenAI-compatible servers under audit (spectest, vLLM, SGLang, llama.cpp).
 
 Owns: the requests the auditor sends — ``GET /v1/models``, generation on ``/v1/completions``
-with token-id prompts, ``logprobs`` and ``return_tokens_as_token_ids``, and prompt scoring
-(``echo`` + ``logprobs`` + ``max_tokens: 0``) — with timeouts, bounded retries on 429/503, a
-concurrency limit, and errors turned into one readable :class:`AuditError` line each.
+with token-id prompts and ``logprobs`` — with timeouts, bounded retries on 429/503, a
+concurrency limit, and errors turned into one readable :class:`AuditError` line each; and the
+*routes* a server supports, probed once (:class:`Routes`, see ``scoring.py`` for how they are
+chosen and used).
 
 Does not know: what the checks do with the answers. ``extra`` fields (for example
 ``{"speculative": false}``, spectest's per-request A/B switch) are merged into every
-generation body, which is how one server can be both candidate and baseline.
+generation body, which is how one server can be both candidate and baseline; the flavour's
+``sampling_overrides`` (llama.cpp: ``min_p: 0``) are merged into sampled requests so that the
+server samples from exactly the distribution the distribution test models.
 """
 
 from __future__ import annotations
@@ -19,11 +22,10 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from spectest.audit.samples import AuditError, Completion, Position, parse_logprobs, parse_token
+from spectest import flavours
+from spectest.audit.samples import AuditError, Completion, parse_logprobs
 
 WORKLOAD_HEADER = "X-Spectest-Workload"
-# Request fields the auditor relies on; a 400 naming one means the server lacks the feature.
-_FEATURES = ("logprobs", "echo", "return_tokens_as_token_ids", "top_k", "ignore_eos", "seed")
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,23 @@ class Endpoint:
     model: str | None = None  # None: the first id of GET /v1/models
     extra: Mapping = field(default_factory=dict)
     api_key: str | None = None
+    flavour: str | None = None  # None: detected from /v1/models and /metrics
+
+
+@dataclass(frozen=True)
+class Routes:
+    """How the auditor talks to one server, decided by probing it (``scoring.probe``)."""
+
+    flavour: flavours.Flavour | None  # None: not recognised (treated as vLLM-compatible)
+    token_ids: bool = True  # prompts go as token ids (else text: re-tokenised by the server)
+    echo: bool = True  # scoring by echo + logprobs (else by generation after each prefix)
+    tokenize: str = "echo"  # echo | endpoint | text (how prompt text becomes token ids)
+    echo_refusal: str = ""  # why echo scoring is not used, in the server's words
+    token_id_refusal: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.flavour.display if self.flavour else "an OpenAI-compatible server"
 
 
 class Client:
@@ -51,11 +70,16 @@ class Client:
         self._retries = retries
         self._session: aiohttp.ClientSession | None = None
         self._echo_tokens = 0  # max_tokens for echo scoring: 0, or 1 where 0 is refused
+        self.routes = Routes(None)
         self.requests = 0
 
     @property
     def role(self) -> str:
         return self.endpoint.role
+
+    @property
+    def where(self) -> str:
+        return f"the {self.role} ({self.base})"
 
     async def __aenter__(self) -> Client:
         headers = {WORKLOAD_HEADER: "audit"}
@@ -69,9 +93,11 @@ class Client:
             await self._session.close()
 
     # --- transport -----------------------------------------------------------------------
-    async def _call(self, method: str, path: str, body: dict | None = None) -> dict:
+    async def call(self, method: str, path: str, body: dict | None = None,
+                   quiet_status: tuple[int, ...] = ()) -> dict:
+        """One JSON request; ``quiet_status``: statuses returned as ``{"_status": N, ...}``
+        instead of raised (probes read a refusal as an answer)."""
         url = self.base + path
-        where = f"{self.role} ({self.base})"
         for attempt in range(self._retries + 1):
             try:
                 async with self._sem:
@@ -81,13 +107,13 @@ class Client:
                         status = resp.status
                         retry_after = resp.headers.get("Retry-After")
             except aiohttp.ClientConnectorError as exc:
-                raise AuditError(f"cannot reach the {where}: {exc.os_error.strerror or exc}; "
+                raise AuditError(f"cannot reach {self.where}: {exc.os_error.strerror or exc}; "
                                  f"is it running?") from None
             except TimeoutError:
-                raise AuditError(f"the {where} did not answer {method} {path} within "
+                raise AuditError(f"{self.where} did not answer {method} {path} within "
                                  f"{self._timeout.total:.0f} s") from None
             except aiohttp.ClientError as exc:
-                raise AuditError(f"the {where} broke the connection on {path}: "
+                raise AuditError(f"{self.where} broke the connection on {path}: "
                                  f"{type(exc).__name__}") from None
             if status in (429, 503) and attempt < self._retries:
                 await asyncio.sleep(min(5.0, float(retry_after or 0.5 * 2 ** attempt)))
@@ -98,21 +124,30 @@ class Client:
         except json.JSONDecodeError:
             data = None
         if status >= 400:
-            message = _error_message(data, text)
-            hint = ""
-            if status == 400 and any(w in message for w in _FEATURES):
-                hint = ("; the auditor needs logprobs, echo scoring and "
-                        "return_tokens_as_token_ids on /v1/completions (vLLM-compatible)")
-            raise AuditError(f"the {where} answered {path} with HTTP {status}: {message}{hint}")
+            message = error_message(data, text)
+            if status in quiet_status:
+                return {"_status": status, "_message": message}
+            raise AuditError(f"{self.where} answered {path} with HTTP {status}: {message}")
         if not isinstance(data, dict):
-            raise AuditError(f"the {where} answered {path} with something that is not a JSON "
+            raise AuditError(f"{self.where} answered {path} with something that is not a JSON "
                              f"object: {text[:80]!r}")
         return data
 
+    async def get_text(self, path: str) -> str | None:
+        """A plain GET (``/metrics``); None when it is not there."""
+        try:
+            async with self._sem, self._session.get(self.base + path) as resp:
+                return await resp.text() if resp.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError):
+            return None
+
     # --- API ---------------------------------------------------------------------------------
-    async def resolve_model(self) -> str:
-        data = await self._call("GET", "/v1/models")
-        ids = [m.get("id") for m in data.get("data") or [] if isinstance(m, dict)]
+    async def models(self) -> list[dict]:
+        data = await self.call("GET", "/v1/models")
+        return [m for m in data.get("data") or [] if isinstance(m, dict)]
+
+    async def resolve_model(self, listed: list[dict] | None = None) -> str:
+        ids = [m.get("id") for m in (listed if listed is not None else await self.models())]
         if self.model is None:
             if not ids:
                 raise AuditError(f"the {self.role} ({self.base}) lists no model in /v1/models")
@@ -122,67 +157,70 @@ class Client:
                              f"(it serves {', '.join(map(repr, ids))})")
         return self.model
 
+    def body(self, prompt: list[int] | str, **fields) -> dict:
+        return {"model": self.model, "prompt": prompt, "return_tokens_as_token_ids": True,
+                "stream": False, **fields}
+
     async def complete(self, prompt: list[int] | str, *, max_tokens: int, temperature: float,
                        logprobs: int, top_p: float = 1.0, top_k: int = -1,
-                       seed: int | None = None, ignore_eos: bool = True) -> Completion:
-        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens,
-                "temperature": temperature, "top_p": top_p, "logprobs": logprobs,
-                "return_tokens_as_token_ids": True, "stream": False}
+                       seed: int | None = None, ignore_eos: bool = True,
+                       fresh: bool = False) -> Completion:
+        """One completion; ``fresh`` asks the server to recompute the whole prompt instead of
+        reusing its prefix cache (the flavour's ``no_prefix_cache`` fields), so that the result
+        does not depend on what the server computed before."""
+        body = self.body(prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                         logprobs=logprobs)
         if top_k > 0:
             body["top_k"] = top_k
         if seed is not None:
             body["seed"] = seed
         if ignore_eos:
             body["ignore_eos"] = True
+        if temperature > 0 and self.routes.flavour is not None:
+            body.update(self.routes.flavour.sampling_overrides)
+        if fresh and self.routes.flavour is not None:
+            body.update(self.routes.flavour.no_prefix_cache)
         body.update(self.endpoint.extra)
-        data = await self._call("POST", "/v1/completions", body)
-        choice = _choice(data, self.role)
+        data = await self.call("POST", "/v1/completions", body)
+        choice = first_choice(data, self.role)
         positions = parse_logprobs(choice.get("logprobs"), f"the {self.role}", logprobs)
         if len(positions) > max_tokens:
             raise AuditError(f"the {self.role} returned {len(positions)} tokens for max_tokens "
                              f"{max_tokens}")
+        spec = flavours.response_stats(data)
         return Completion(tuple(p.token for p in positions), positions,
-                          choice.get("finish_reason"), data.get("spec"))
+                          choice.get("finish_reason"),
+                          {**(data.get("spec") or {}), **spec.as_spec()} if spec else None,
+                          pieces=_pieces(choice.get("logprobs")))
 
-    async def _echo(self, prompt, logprobs: int) -> tuple[dict, int | None]:
+    async def echo(self, prompt, logprobs: int) -> tuple[dict | None, int | None]:
         """An echo request that generates nothing (``max_tokens: 0``, the OpenAI scoring idiom);
         servers that insist on ``max_tokens >= 1`` get 1, and the extra token is dropped.
         Returns (the choice's logprobs object, the prompt's token count if reported)."""
-        body = {"model": self.model, "prompt": prompt, "max_tokens": self._echo_tokens,
-                "echo": True, "logprobs": logprobs, "return_tokens_as_token_ids": True,
-                "temperature": 0}
+        body = self.body(prompt, max_tokens=self._echo_tokens, echo=True, logprobs=logprobs,
+                         temperature=0)
         try:
-            data = await self._call("POST", "/v1/completions", body)
+            data = await self.call("POST", "/v1/completions", body)
         except AuditError as exc:
             if self._echo_tokens or "max_tokens" not in str(exc):
                 raise
             self._echo_tokens = 1
-            return await self._echo(prompt, logprobs)
+            return await self.echo(prompt, logprobs)
         usage = data.get("usage") or {}
-        return _choice(data, self.role).get("logprobs"), usage.get("prompt_tokens")
-
-    async def score(self, ids: list[int], logprobs: int) -> tuple[Position | None, ...]:
-        """Echo scoring: each token's logprob (and top-n) given the tokens before it."""
-        lp, _ = await self._echo(ids, logprobs)
-        out = parse_logprobs(lp, f"the {self.role} (echo scoring)",
-                             logprobs if len(ids) > 1 else 0, skip_first_none=True)
-        if len(out) < len(ids) or [p.token for p in out[1:len(ids)]] != list(ids[1:]):
-            raise AuditError(f"the {self.role} does not support echo scoring of token-id "
-                             f"prompts (echo + logprobs + max_tokens 0 returned "
-                             f"{len(out)} positions for {len(ids)} tokens)")
-        return out[:len(ids)]
-
-    async def tokenize(self, text: str) -> list[int]:
-        """Token ids of ``text`` as this server tokenizes it (echo, nothing generated)."""
-        lp, n_prompt = await self._echo(text, 0)
-        if not isinstance(lp, dict) or not lp.get("tokens"):
-            raise AuditError(f"the {self.role} returned no tokens for an echo request; the "
-                             f"auditor needs echo + logprobs on /v1/completions")
-        tokens = [parse_token(t, f"the {self.role}") for t in lp["tokens"]]
-        return tokens[:n_prompt] if self._echo_tokens and n_prompt else tokens
+        return first_choice(data, self.role).get("logprobs"), usage.get("prompt_tokens")
 
 
-def _error_message(data, text: str) -> str:
+def _pieces(obj) -> tuple[bytes, ...] | None:
+    """Each generated token's bytes, where the layout carries them (llama.cpp's ``bytes``)."""
+    if isinstance(obj, Mapping) and isinstance(obj.get("content"), list):
+        try:
+            return tuple(bytes(e["bytes"]) for e in obj["content"])
+        except (KeyError, TypeError, ValueError):
+            return None
+    return None
+
+
+def error_message(data, text: str) -> str:
     if isinstance(data, dict):
         err = data.get("error")
         if isinstance(err, dict) and err.get("message"):
@@ -196,7 +234,7 @@ def _error_message(data, text: str) -> str:
     return text.strip()[:300] or "(empty body)"
 
 
-def _choice(data: dict, role: str) -> dict:
+def first_choice(data: dict, role: str) -> dict:
     choices = data.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise AuditError(f"the {role} answered without choices: {str(data)[:120]}")

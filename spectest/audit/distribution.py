@@ -17,6 +17,10 @@ requested temperature T, top-k k <= n and top-p P, a correct server samples from
     p_t(j) ∝ exp(l_t(j) / T) over the k best tokens, then truncated to the smallest prefix of
     that sorted distribution whose mass reaches P, renormalised          (vLLM/spectest order)
 
+llama.cpp's sampler chain applies top-k, then top-p to softmax(l_t) at temperature 1, then the
+temperature to what is left (``order = "temperature-last"``); the nucleus then differs, so the
+order is the candidate flavour's (``spectest.flavours``), never assumed.
+
 which the top-n logprobs determine exactly (hence the default top_k = 20 = n).  With top-k off
 the distribution is known only for T = 1, P = 1, where the unreported tail is one bucket.
 
@@ -66,7 +70,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy import optimize, stats
@@ -83,6 +87,7 @@ class SamplingSpec:
     temperature: float = 0.5
     top_p: float = 0.95
     top_k: int = 20
+    order: str = "temperature-first"  # or "temperature-last" (llama.cpp), see above
 
     def check(self, n_logprobs: int) -> None:
         if not self.temperature > 0:
@@ -118,15 +123,25 @@ def sampling_dist(top: Sequence[tuple[int, float]], spec: SamplingSpec) -> Token
         probs /= probs.sum()
         return TokenDist(np.append(ids, TAIL), probs, raw, -math.inf)
     ids, raw = ids[:spec.top_k], raw[:spec.top_k]
-    z = raw / spec.temperature
+    kept = raw
+    if spec.order == "temperature-last":  # top-p on softmax(raw) over the top-k, then T
+        nucleus = np.exp(raw - raw.max())
+        keep = _nucleus(nucleus / nucleus.sum(), spec.top_p)
+        ids, kept = ids[keep], raw[keep]
+    z = kept / spec.temperature
     p = np.exp(z - z.max())
     p /= p.sum()
-    if spec.top_p < 1:
-        before = np.cumsum(p) - p
-        keep = before < spec.top_p
-        keep[0] = True
+    if spec.order != "temperature-last":
+        keep = _nucleus(p, spec.top_p)
         ids, p = ids[keep], p[keep] / p[keep].sum()
     return TokenDist(ids, p, raw, float(raw[-1]))
+
+
+def _nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
+    """Mask of the smallest prefix of ``probs`` (sorted descending) whose mass reaches top_p."""
+    keep = (np.cumsum(probs) - probs) < top_p
+    keep[0] = True
+    return keep
 
 
 @dataclass(frozen=True)
@@ -169,7 +184,9 @@ def evaluate(prompt: int, index: int, token: int, scored: Position, spec: Sampli
     if not len(hit):
         top_k_ids = [t for t, _ in scored.top[:spec.top_k]]
         if token in top_k_ids:  # inside top-k, cut by top-p: a tie if the cut is marginal
-            full = sampling_dist(scored.top, SamplingSpec(spec.temperature, 1.0, spec.top_k))
+            full = sampling_dist(scored.top, replace(spec, top_p=1.0))
+            if spec.order == "temperature-last":  # the nucleus is cut at temperature 1
+                full = sampling_dist(scored.top, replace(spec, top_p=1.0, temperature=1.0))
             j = int(np.nonzero(full.ids == token)[0][0])
             before = float(full.probs[:j].sum())
             if before - spec.top_p < tie_tol:

@@ -20,6 +20,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from spectest.audit import noise
 from spectest.audit.runner import AuditRun
 
 SCHEMA = 1
@@ -150,6 +151,10 @@ def build_report(run: AuditRun, outs: list[Outcome], started: float, duration: f
             "duration_s": round(duration, 3), "endpoints": run.endpoints,
             "settings": run.settings.public(), "notes": run.notes,
             "candidate_speculation": run.speculation, "timings_s": run.timings,
+            "routes": run.routes, "coverage": run.coverage,
+            "noise_floor": (None if run.noise_floor is None else
+                            {**asdict(run.noise_floor), "factor": noise.FACTOR}),
+            "tolerances_applied": run.tolerances,
             "prompts": [{"id": c.id, "category": c.category, "tokens": len(c.ids)}
                         for c in run.cases],
             "checks": {o.check: {"title": TITLES[o.check], "status": o.status,
@@ -168,19 +173,44 @@ def summary_text(report: dict) -> str:
     for phase, t in spec.items():
         if t.get("reported"):
             rate = t["acceptance_rate"]
-            lines.append(f"- candidate speculation ({phase}): {t['drafts']} draft rounds, "
-                         f"acceptance {'n/a' if rate is None else f'{100 * rate:.1f}%'}")
-            if not t["drafts"]:
+            rounds = ("rounds not reported" if t["drafts"] is None
+                      else f"{t['drafts']} draft rounds")
+            lines.append(f"- candidate speculation ({phase}): {t['draft_tokens']} draft tokens, "
+                         f"{t['accepted_tokens']} accepted "
+                         f"({'n/a' if rate is None else f'{100 * rate:.1f}%'}), {rounds}")
+            if not t["draft_tokens"]:
                 lines.append("  - WARNING: the candidate never speculated; the audit compared "
                              "the target with itself")
+    floor = report.get("noise_floor")
+    if floor and floor["positions"]:
+        tol = report.get("tolerances_applied") or {}
+        lines.append(f"- baseline noise floor (the baseline re-scoring its own greedy runs): "
+                     f"{floor['positions']} positions, max |Δlogprob| "
+                     f"{floor['max_abs_logprob']:.3g}, max KL {floor['max_kl']:.2g}; tolerances "
+                     f"applied: tie {tol.get('tie_tolerance', 0):.3g} nats, max |Δlogprob| "
+                     f"{tol.get('max_abs_logprob', 0):.3g}, max KL {tol.get('max_kl', 0):.2g}")
+    coverage = report.get("coverage") or {}
+    if coverage.get("candidate_unreported"):
+        lines.append(f"- the candidate reported no logprobs for "
+                     f"{coverage['candidate_unreported']} of {coverage['logprob_positions']} "
+                     f"generated positions (tokens accepted from a draft); the logprob check "
+                     f"covers the rest")
+    for key, what in (("baseline_unscored", "logprob positions"),
+                      ("distribution_unscored", "sampled tokens")):
+        if coverage.get(key):
+            lines.append(f"- {coverage[key]} {what} could not be scored by the baseline "
+                         f"(a prefix re-tokenised differently or not sendable as text)")
     lines.append("")
-    for c in report["checks"].values():
+    routes = report.get("routes") or {}
+    for name, c in report["checks"].items():
         if c["status"] == "not run":
             lines.append(f"- **[NOT RUN]** {c['title']}")
             continue
         lines.append(f"- **[{c['status'].upper()}]** {c['title']}: {c['summary']}")
         if c["cause"]:
             lines.append(f"  - likely cause: {c['cause']}")
+        if routes.get(name):
+            lines.append(f"  - route: {routes[name]}")
     if report["verdict"] == "could not run":
         lines += ["", f"Could not run: {report['reason']}"]
     worst = [w for w in report["worst_prompts"] if w["problems"]]

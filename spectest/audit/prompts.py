@@ -4,7 +4,8 @@ Owns: choosing the prompts (a seeded sample of ``--num-prompts`` records from
 ``spectest.loadgen.datasets``, which reads the bundled ``chat``/``code``/``rag``/``mixed`` sets
 and user files in the spectest, plain ``prompt``/``messages``, ShareGPT and Spec-Bench layouts),
 rendering chat records to one completion prompt, and turning each into the exact token ids that
-both servers will receive (tokenized once, by the baseline, through echo).
+both servers will receive (tokenized once, by the baseline: echo or its ``/tokenize``, see
+``scoring``).
 
 Sending token ids rather than text means both sides see the same prompt even when their
 tokenizer front-ends differ, and the baseline can score the candidate's outputs position by
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 
+from spectest.audit import scoring
 from spectest.audit.client import Client
 from spectest.audit.samples import AuditError, PromptCase
 from spectest.loadgen.datasets import DatasetError, Record, load_dataset
@@ -52,10 +54,14 @@ async def tokenize(records: list[Record], client: Client, max_tokens: int) -> li
     empty = [r.id for r, t in zip(records, texts) if not t.strip()]
     if empty:
         raise AuditError(f"prompt set: record {empty[0]!r} has an empty prompt")
-    ids = await asyncio.gather(*(client.tokenize(t) for t in texts))
+    ids = await asyncio.gather(*(scoring.tokenize(client, t) for t in texts))
     cases = []
-    for record, toks in zip(records, ids):
+    for record, text, toks in zip(records, texts, ids):
         if not toks:
             raise AuditError(f"prompt set: record {record.id!r} tokenizes to zero tokens")
-        cases.append(PromptCase(record.id, record.category, tuple(toks[:max_tokens])))
+        if not client.routes.token_ids:  # text is what gets sent: keep it whole
+            cases.append(PromptCase(record.id, record.category, tuple(toks), text))
+        else:
+            cases.append(PromptCase(record.id, record.category, tuple(toks[:max_tokens]),
+                                    text))
     return cases

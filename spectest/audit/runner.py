@@ -1,11 +1,13 @@
 """One audit run: start embedded servers if asked, collect, run the three checks.
 
-Owns: the order of work — preflight (both servers answer, serve the same model, report token-id
-logprobs), prompts → token ids, the temperature-0 phase (candidate and baseline generate, the
-baseline scores the candidate's output), the sampled phase (the candidate samples
-``samples_per_prompt`` continuations per prompt with distinct seeds, the baseline scores each)
-— and feeding the collected data to ``greedy``, ``logprobs`` and ``distribution``.  Results of
-finished phases are kept when the run is interrupted or a later phase fails.
+Owns: the order of work — preflight (both servers answer, their routes are probed — see
+``scoring`` — and they serve the same model), prompts → token ids, the temperature-0 phase
+(candidate and baseline generate, the baseline scores the candidate's output), the sampled
+phase (the candidate samples ``samples_per_prompt`` continuations per prompt with distinct
+seeds, the baseline scores each) — and feeding the collected data to ``greedy``, ``logprobs``
+and ``distribution``, with a record per check of the route it ran on and the positions it
+could not use (``AuditRun.routes``, ``AuditRun.coverage``).  Results of finished phases are
+kept when the run is interrupted or a later phase fails.
 
 Does not know: report formats or exit codes (``gate``), statistics (the check modules).
 """
@@ -14,20 +16,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 from tqdm import tqdm
 
-from spectest.audit import distribution_check, greedy, logprobs
-from spectest.audit.client import Client, Endpoint
+from spectest.audit import distribution_check, greedy, logprobs, noise, scoring
+from spectest.audit.client import Client, Endpoint, Routes
 from spectest.audit.prompts import load_records, tokenize
 from spectest.audit.samples import AuditError, Completion, PromptCase
 from spectest.audit.servers import ServerProcess, ServerSpec
 from spectest.audit.settings import EMBEDDED, AuditSettings
 
 SPEC_FIELDS = ("drafts", "draft_tokens", "accepted_tokens")
+SAMPLED_CHUNK = 4  # tokens per generation-scoring request for sampled continuations
 
 
 @dataclass
@@ -46,6 +50,10 @@ class AuditRun:
     timings: dict = field(default_factory=dict)
     speculation: dict = field(default_factory=dict)  # the candidate's spec totals by phase
     diffs: list[logprobs.PositionDiff] = field(default_factory=list)
+    routes: dict = field(default_factory=dict)  # per check: how it ran, in words
+    noise_floor: noise.NoiseFloor | None = None  # the baseline against itself
+    tolerances: dict = field(default_factory=dict)  # the ones applied (after widening)
+    coverage: dict = field(default_factory=dict)  # positions seen / left out, and why
 
 
 def endpoints_for(settings: AuditSettings, urls: dict[str, str]) -> tuple[Endpoint, Endpoint]:
@@ -54,9 +62,9 @@ def endpoints_for(settings: AuditSettings, urls: dict[str, str]) -> tuple[Endpoi
     if urls["candidate"] == urls["baseline"] and not cand_extra and not base_extra:
         cand_extra, base_extra = {"speculative": True}, {"speculative": False}
     return (Endpoint("candidate", urls["candidate"], settings.candidate_model, cand_extra,
-                     settings.api_key),
+                     settings.api_key, settings.candidate_flavour),
             Endpoint("baseline", urls["baseline"], settings.baseline_model, base_extra,
-                     settings.api_key))
+                     settings.api_key, settings.baseline_flavour))
 
 
 def run(settings: AuditSettings) -> AuditRun:
@@ -76,7 +84,10 @@ def run(settings: AuditSettings) -> AuditRun:
             result.interrupted = True
             result.error = "interrupted; the checks that finished are kept"
             if result.logprobs is None and result.diffs and "logprobs" in settings.checks:
-                result.logprobs = logprobs.check(result.diffs, settings.logprob_thresholds)
+                applied = {k: v for k, v in result.tolerances.items() if k != "tie_tolerance"}
+                result.logprobs = logprobs.check(
+                    result.diffs, logprobs.Thresholds(**applied) if applied
+                    else settings.logprob_thresholds)
                 result.notes.append(f"interrupted: the logprob check covers the "
                                     f"{len(result.diffs)} positions collected before")
     return result
@@ -122,13 +133,20 @@ async def _collect(s: AuditSettings, cand_ep: Endpoint, base_ep: Endpoint,
     async with Client(cand_ep, s.concurrency, s.timeout) as cand, \
             Client(base_ep, s.concurrency, s.timeout) as base:
         t0 = time.perf_counter()
-        await asyncio.gather(cand.resolve_model(), base.resolve_model())
-        for role, c in (("candidate", cand), ("baseline", base)):
-            result.endpoints[role]["model"] = c.model
+        listed = await asyncio.gather(cand.models(), base.models())
+        await asyncio.gather(cand.resolve_model(listed[0]), base.resolve_model(listed[1]))
+        ids = await scoring.probe(base, listed[1], s.scoring, s.prompt_format)
+        await scoring.probe(cand, listed[0], s.scoring, s.prompt_format, probe_ids=ids)
+        for c in (cand, base):
+            result.endpoints[c.role]["model"] = c.model
+            result.endpoints[c.role]["server"] = c.routes.name
+            result.endpoints[c.role]["routes"] = _describe(c.routes)
         result.cases = cases = await tokenize(records, base, s.max_prompt_tokens)
         await _same_model(cand, base, cases[:3], s)
         result.timings["preflight_s"] = time.perf_counter() - t0
+        _record_routes(result, cand.routes, base.routes, s)
 
+        thresholds, tie_tol = s.logprob_thresholds, s.tie_tolerance
         if "greedy" in s.checks or "logprobs" in s.checks:
             t0 = time.perf_counter()
             bar = _bar(s, len(cases) * 3, "greedy")
@@ -136,28 +154,86 @@ async def _collect(s: AuditSettings, cand_ep: Endpoint, base_ep: Endpoint,
             bar.close()
             c_out, b_out, scored = (list(x) for x in zip(*runs))
             result.speculation["greedy"] = _spec_totals(c_out)
+            if s.noise_floor:
+                result.noise_floor = await noise.measure(base, cases, b_out, s.logprobs,
+                                                         s.tie_tolerance)
+                thresholds, tie_tol = result.noise_floor.widen(thresholds, tie_tol)
+            result.tolerances = {"tie_tolerance": tie_tol, **asdict(thresholds)}
             if "greedy" in s.checks:
-                result.greedy = greedy.check(cases, c_out, b_out, scored, s.tie_tolerance,
-                                             s.max_abs_logprob, s.max_greedy_divergences)
+                result.greedy = greedy.check(cases, c_out, b_out, scored, tie_tol,
+                                             thresholds.max_abs_logprob,
+                                             s.max_greedy_divergences)
             result.diffs += _diffs(cases, [(i, c, sc) for i, (c, sc) in
-                                           enumerate(zip(c_out, scored))], s.tie_tolerance)
+                                           enumerate(zip(c_out, scored))], tie_tol,
+                                   result.coverage)
             result.timings["greedy_s"] = time.perf_counter() - t0
             if "distribution" not in s.checks and "logprobs" in s.checks:
-                result.logprobs = logprobs.check(result.diffs, s.logprob_thresholds)
+                result.logprobs = logprobs.check(result.diffs, thresholds)
 
         if "distribution" in s.checks:
             t0 = time.perf_counter()
             triples = await sampled_phase(cand, base, cases, s)
             result.speculation["sampled"] = _spec_totals([c for _, c, _ in triples])
             if "logprobs" in s.checks:
-                result.diffs += _diffs(cases, triples, s.tie_tolerance)
-                result.logprobs = logprobs.check(result.diffs, s.logprob_thresholds)
-            items = [distribution_check.Sampled(i, j, tok, sc[len(cases[i].ids) + j],
-                                                c.positions[j])
-                     for i, c, sc in triples for j, tok in enumerate(c.tokens)]
+                result.diffs += _diffs(cases, triples, tie_tol, result.coverage)
+                result.logprobs = logprobs.check(result.diffs, thresholds)
+            items = []
+            for i, c, sc in triples:
+                for j, tok in enumerate(c.tokens):
+                    here = sc[len(cases[i].ids) + j]
+                    if here is None:
+                        _count(result.coverage, "distribution_unscored")
+                        continue
+                    own = c.positions[j] if c.positions[j].reported else None
+                    items.append(distribution_check.Sampled(i, j, tok, here, own))
+            spec = replace(s.sampling, order=_sampling_order(cand.routes))
             result.distribution = distribution_check.check(
-                items, s.sampling, s.alpha, len(cases), s.seed, s.support_tolerance)
+                items, spec, s.alpha, len(cases), s.seed, s.support_tolerance)
             result.timings["sampled_s"] = time.perf_counter() - t0
+
+
+def _describe(routes: Routes) -> dict:
+    return {"prompts": "token ids" if routes.token_ids else
+            f"text, re-tokenised by the server ({routes.token_id_refusal})",
+            "scoring": "echo + logprobs" if routes.echo else
+            f"generation after each prefix ({routes.echo_refusal or 'echo not used'})",
+            "tokenize": routes.tokenize}
+
+
+def _record_routes(result: AuditRun, cand: Routes, base: Routes, s: AuditSettings) -> None:
+    scoring_route = ("the baseline scores the candidate's tokens by echo" if base.echo else
+                     "the baseline scores the candidate's tokens by generating after each "
+                     "prefix (no echo: " + (base.echo_refusal or "not used") + ")")
+    prompts = ("token-id prompts" if cand.token_ids and base.token_ids else
+               "text prompts re-tokenised by the server (positions whose prefix re-tokenises "
+               "differently are left out and counted)")
+    fresh = list(dict.fromkeys(
+        f"{r.flavour.display}: " + ", ".join(f"{k}={json.dumps(v)}"
+                                             for k, v in r.flavour.no_prefix_cache.items())
+        for r in (cand, base) if r.flavour is not None and r.flavour.no_prefix_cache))
+    fresh_note = (f"; prompts recomputed without the prefix cache ({'; '.join(fresh)})"
+                  if fresh else "")
+    result.routes = {
+        "greedy": (f"{prompts}; tokens compared by id; ties judged by {scoring_route}"
+                   + fresh_note),
+        "logprobs": (f"the candidate's reported logprobs vs {scoring_route}"
+                     + ("" if cand.flavour is None or cand.flavour.draft_token_logprobs else
+                        f"; {cand.flavour.display} reports no logprobs for tokens it accepted "
+                        f"from a draft (logprob 0, no alternatives): those positions are left "
+                        f"out and counted, never read as p = 1")),
+        "distribution": (f"{prompts}; {scoring_route}; sampling modelled in "
+                         f"{_sampling_order(cand)} order"
+                         + ("" if cand.flavour is None or not cand.flavour.sampling_overrides
+                            else f" with {', '.join(f'{k}={v}' for k, v in sorted(cand.flavour.sampling_overrides.items()))} sent to the candidate")),
+    }
+
+
+def _sampling_order(routes: Routes) -> str:
+    return routes.flavour.sampling_order if routes.flavour else "temperature-first"
+
+
+def _count(coverage: dict, key: str, n: int = 1) -> None:
+    coverage[key] = coverage.get(key, 0) + n
 
 
 async def sampled_phase(cand: Client, base: Client, cases: list[PromptCase],
@@ -175,38 +251,56 @@ async def sampled_phase(cand: Client, base: Client, cases: list[PromptCase],
 
 
 async def _greedy_one(cand: Client, base: Client, case: PromptCase, s: AuditSettings, bar):
+    # fresh: with a prefix cache, a greedy run's prompt may be computed in pieces shaped by
+    # earlier requests, and batch shape moves the logits (llama.cpp documents this for
+    # ``cache_prompt``): the comparison must not depend on what each server served before.
     kw = {"max_tokens": s.greedy_tokens, "temperature": 0.0, "logprobs": s.logprobs,
-          "ignore_eos": s.ignore_eos}
-    c, b = await asyncio.gather(_ticked(bar, cand.complete(list(case.ids), **kw)),
-                                _ticked(bar, base.complete(list(case.ids), **kw)))
-    scored = await _ticked(bar, base.score(list(case.ids) + list(c.tokens), s.logprobs))
+          "ignore_eos": s.ignore_eos, "fresh": True}
+    c, b = await asyncio.gather(
+        _ticked(bar, cand.complete(scoring.prompt_for(cand, case), **kw)),
+        _ticked(bar, base.complete(scoring.prompt_for(base, case), **kw)))
+    scored = await _ticked(bar, scoring.score(base, case, c.tokens, s.logprobs, known=b,
+                                              pieces=c.pieces))
     return c, b, scored
 
 
 async def _sampled_one(cand: Client, base: Client, case: PromptCase, seed: int,
                        s: AuditSettings, bar):
     c = await _ticked(bar, cand.complete(
-        list(case.ids), max_tokens=s.sample_tokens, temperature=s.temperature, top_p=s.top_p,
-        top_k=s.top_k, seed=seed, logprobs=s.logprobs, ignore_eos=s.ignore_eos))
-    scored = await _ticked(bar, base.score(list(case.ids) + list(c.tokens), s.logprobs))
+        scoring.prompt_for(cand, case), max_tokens=s.sample_tokens, temperature=s.temperature,
+        top_p=s.top_p, top_k=s.top_k, seed=seed, logprobs=s.logprobs, ignore_eos=s.ignore_eos))
+    scored = await _ticked(bar, scoring.score(base, case, c.tokens, s.logprobs,
+                                              chunk=SAMPLED_CHUNK, pieces=c.pieces))
     return c, scored
 
 
-def _diffs(cases: list[PromptCase], triples, tie_tolerance: float
-           ) -> list[logprobs.PositionDiff]:
+def _diffs(cases: list[PromptCase], triples, tie_tolerance: float,
+           coverage: dict) -> list[logprobs.PositionDiff]:
+    """Per-position logprob comparisons; positions the candidate reported nothing for (llama.cpp:
+    tokens accepted from a draft) or the baseline could not score are counted, not compared."""
     out = []
     for i, comp, scored in triples:
         n = len(cases[i].ids)
         for j, pos in enumerate(comp.positions):
-            out.append(logprobs.compare(cases[i].id, j, pos, scored[n + j], tie_tolerance))
+            _count(coverage, "logprob_positions")
+            if not pos.reported:
+                _count(coverage, "candidate_unreported")
+            elif scored[n + j] is None:
+                _count(coverage, "baseline_unscored")
+            else:
+                out.append(logprobs.compare(cases[i].id, j, pos, scored[n + j], tie_tolerance))
     return out
 
 
 def _spec_totals(completions: list[Completion]) -> dict:
+    """The candidate's own draft statistics summed over a phase (``drafts`` None where the
+    server reports draft tokens but not rounds, as llama.cpp does)."""
     specs = [c.spec for c in completions if c.spec]
     if not specs:
         return {"reported": False}
     totals = {k: sum(int(sp.get(k) or 0) for sp in specs) for k in SPEC_FIELDS}
+    if any(sp.get("drafts") is None for sp in specs):
+        totals["drafts"] = None
     totals["reported"] = True
     totals["acceptance_rate"] = (totals["accepted_tokens"] / totals["draft_tokens"]
                                  if totals["draft_tokens"] else None)
@@ -223,9 +317,9 @@ async def _same_model(cand: Client, base: Client, probes: list[PromptCase],
     """
     kw = {"max_tokens": 1, "temperature": 0.0, "logprobs": s.logprobs,
           "ignore_eos": s.ignore_eos}
-    pairs = await asyncio.gather(*(asyncio.gather(cand.complete(list(p.ids), **kw),
-                                                  base.complete(list(p.ids), **kw))
-                                   for p in probes))
+    pairs = await asyncio.gather(*(asyncio.gather(
+        cand.complete(scoring.prompt_for(cand, p), **kw),
+        base.complete(scoring.prompt_for(base, p), **kw)) for p in probes))
     gaps, shared, total = [], 0, 0
     for c, b in pairs:
         if not c.positions or not b.positions:

@@ -5,8 +5,12 @@ logprob and the top-n alternatives, as a server reported them), :class:`Completi
 generated continuation) and :class:`PromptCase` (one prompt as token ids) — plus the parsing of
 OpenAI ``/v1/completions`` ``logprobs`` objects into them.
 
-Does not know: HTTP, statistics or verdicts. Tokens are compared by id: the auditor always asks
-for ``return_tokens_as_token_ids`` (vLLM's extension), so a logprob entry reads ``token_id:N``.
+Does not know: HTTP, statistics or verdicts. Tokens are compared by id. Two ``logprobs`` layouts
+are read: the OpenAI completions one (``tokens`` / ``token_logprobs`` / ``top_logprobs``) with
+``return_tokens_as_token_ids`` (vLLM's extension: entries read ``token_id:N``), and the chat-style
+one llama.cpp returns on both endpoints (``content: [{id, logprob, top_logprobs: [{id,
+logprob}]}]``). llama.cpp reports logprob 0 and no alternatives for a token it accepted from a
+draft; such a position is kept as *not reported* (``reported=False``), never read as p = 1.
 """
 
 from __future__ import annotations
@@ -30,8 +34,9 @@ class Position:
     """
 
     token: int
-    logprob: float
+    logprob: float  # -inf: the token is not in the reported top-n (scoring by generation)
     top: tuple[tuple[int, float], ...]
+    reported: bool = True  # False: the server gave no figures for this token (see above)
 
     def logprob_of(self, token: int) -> float | None:
         if token == self.token:
@@ -53,7 +58,8 @@ class Completion:
     tokens: tuple[int, ...]
     positions: tuple[Position, ...]
     finish_reason: str | None = None
-    spec: Mapping | None = None  # spectest's per-response speculation stats, if any
+    spec: Mapping | None = None  # per-response speculation stats (spectest's shape), if any
+    pieces: tuple[bytes, ...] | None = None  # each token's bytes, where the server says them
 
     @property
     def drafts(self) -> int | None:
@@ -67,6 +73,7 @@ class PromptCase:
     id: str
     category: str
     ids: tuple[int, ...]
+    text: str = ""  # the prompt as text (what a server without token-id prompts is sent)
 
 
 def parse_token(text: str, where: str) -> int:
@@ -89,11 +96,13 @@ def _finite(x, where: str) -> float:
 
 def parse_logprobs(obj: Mapping | None, where: str, want_top: int,
                    skip_first_none: bool = False) -> tuple[Position | None, ...]:
-    """An OpenAI completions ``logprobs`` object → one :class:`Position` per token.
+    """A ``logprobs`` object (either layout) → one :class:`Position` per token.
 
     ``skip_first_none``: echo scoring reports ``None`` for the first prompt token (it has no
     prefix); that entry becomes ``None`` instead of an error.
     """
+    if isinstance(obj, Mapping) and isinstance(obj.get("content"), list):
+        return tuple(_content_position(e, where, want_top) for e in obj["content"])
     if not obj or "tokens" not in obj or "token_logprobs" not in obj:
         raise AuditError(f"{where} returned no logprobs; the auditor needs a server that "
                          f"supports `logprobs` (top {want_top}) on /v1/completions")
@@ -109,10 +118,28 @@ def parse_logprobs(obj: Mapping | None, where: str, want_top: int,
             continue
         if lp is None:
             raise AuditError(f"{where} returned no logprob for token {i}")
-        pairs = sorted(((parse_token(t, where), _finite(v, where))
-                        for t, v in (top or {}).items()), key=lambda p: (-p[1], p[0]))
-        if want_top and len(pairs) < want_top:
-            raise AuditError(f"{where} returned {len(pairs)} top logprobs where {want_top} were "
-                             f"asked; it must support `logprobs: {want_top}`")
-        out.append(Position(token, _finite(lp, where), tuple(pairs)))
+        pairs = [(parse_token(t, where), _finite(v, where)) for t, v in (top or {}).items()]
+        out.append(_position(token, _finite(lp, where), pairs, where, want_top))
     return tuple(out)
+
+
+def _content_position(entry, where: str, want_top: int) -> Position:
+    if not isinstance(entry, Mapping) or not isinstance(entry.get("id"), int):
+        raise AuditError(f"{where} returned a logprobs entry without a token id: "
+                         f"{str(entry)[:80]}")
+    pairs = []
+    for alt in entry.get("top_logprobs") or ():
+        if not isinstance(alt, Mapping) or not isinstance(alt.get("id"), int):
+            raise AuditError(f"{where} returned a top_logprobs entry without a token id")
+        pairs.append((alt["id"], _finite(alt.get("logprob"), where)))
+    return _position(entry["id"], _finite(entry.get("logprob"), where), pairs, where, want_top)
+
+
+def _position(token: int, lp: float, pairs: list[tuple[int, float]], where: str,
+              want_top: int) -> Position:
+    if want_top and not pairs:  # llama.cpp, a token accepted from a draft: nothing computed
+        return Position(token, lp, (), reported=False)
+    if want_top and len(pairs) < want_top:
+        raise AuditError(f"{where} returned {len(pairs)} top logprobs where {want_top} were "
+                         f"asked; it must support `logprobs: {want_top}`")
+    return Position(token, lp, tuple(sorted(pairs, key=lambda p: (-p[1], p[0]))))

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
+from spectest import flavours
 from spectest.audit.distribution import SamplingSpec
 from spectest.audit.logprobs import Thresholds
 from spectest.audit.samples import AuditError
@@ -35,6 +36,10 @@ class AuditSettings:
     baseline_model: str | None = None
     candidate_extra: dict = field(default_factory=dict)
     baseline_extra: dict = field(default_factory=dict)
+    candidate_flavour: str | None = None  # None: detected (spectest.flavours)
+    baseline_flavour: str | None = None
+    scoring: str = "auto"  # auto | echo | generation (spectest.audit.scoring)
+    prompt_format: str = "auto"  # auto | token-ids | text
     api_key: str | None = None
     # prompts
     prompts: str = "mixed"
@@ -60,6 +65,7 @@ class AuditSettings:
     max_abs_logprob: float = 0.1
     max_top1_disagreement: float = 0.01
     mismatch_tolerance: float = 0.2
+    noise_floor: bool = True  # widen tolerances to the baseline's own disagreement (noise.py)
     checks: tuple[str, ...] = CHECKS
     # running
     seed: int = 0
@@ -91,6 +97,15 @@ class AuditSettings:
                 problems.append(f"{name.replace('_', '-')} must be >= 0")
         if self.timeout <= 0:
             problems.append("timeout must be > 0")
+        for name, value in (("candidate_flavour", self.candidate_flavour),
+                            ("baseline_flavour", self.baseline_flavour)):
+            if value is not None and value not in flavours.BY_KEY:
+                problems.append(f"{name.replace('_', '-')} must be one of "
+                                f"{', '.join(flavours.BY_KEY)}")
+        if self.scoring not in ("auto", "echo", "generation"):
+            problems.append("scoring must be auto, echo or generation")
+        if self.prompt_format not in ("auto", "token-ids", "text"):
+            problems.append("prompt-format must be auto, token-ids or text")
         unknown = set(self.checks) - set(CHECKS)
         if unknown or not self.checks:
             problems.append(f"checks must be a non-empty subset of {', '.join(CHECKS)}")

@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from spectest.engine.control import PolicyOptions, control_for
 from spectest.engine.drafters import DraftModelDrafter, Drafter, NGramDrafter, NoDrafter
 from spectest.engine.engine import EngineConfig, SpecEngine
 from spectest.engine.loader import CheckpointError, LoadedModel, load_checkpoint
@@ -53,7 +54,11 @@ def build_engine(target: str | Path = "embedded", draft: str | Path | None = "em
                  drafter: str = "draft-model", policy: KPolicy | None = None,
                  max_num_seqs: int = 8, max_model_len: int = 1024, max_waiting: int = 256,
                  faults: frozenset[str] = frozenset(), ngram_max: int = 4,
-                 ngram_min: int = 1) -> SpecEngine:
+                 ngram_min: int = 1, k_reserve: int = 0,
+                 policy_options: PolicyOptions | None = None) -> SpecEngine:
+    """``k_reserve``: reserve KV room per sequence for drafts of up to this K even if the
+    policy drafts fewer (so K can be raised at runtime); ``policy_options``: how runtime
+    policy changes are built (default: within the start-up policy's bounds)."""
     target_model = load_checkpoint(resolve_model_path(target))
     draft_model = None
     if drafter == "draft-model":
@@ -64,14 +69,16 @@ def build_engine(target: str | Path = "embedded", draft: str | Path | None = "em
                 target_model.tokenizer.backend.get_vocab():
             raise CheckpointError(f"draft {draft_model.name} does not share the target's "
                                   f"tokenizer ({target_model.name})")
+    k_limit = max(policy.k_max if policy else 8, k_reserve)
+    policy = policy or make_policy("fixed", k=4)
     cfg = EngineConfig(SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-                                       max_waiting=max_waiting,
-                                       spec_slots=(policy.k_max if policy else 8) + 1),
+                                       max_waiting=max_waiting, spec_slots=k_limit + 1),
                        faults=faults)
-    return SpecEngine(target_model.model, target_model.tokenizer,
-                      make_drafter(drafter, draft_model, max_num_seqs, max_model_len,
-                                   ngram_max, ngram_min),
-                      policy or make_policy("fixed", k=4), cfg, model_name=target_model.name)
+    made = make_drafter(drafter, draft_model, max_num_seqs, max_model_len, ngram_max, ngram_min)
+    control = control_for(policy, max(1, k_limit), not isinstance(made, NoDrafter),
+                          policy_options)
+    return SpecEngine(target_model.model, target_model.tokenizer, made, policy, cfg,
+                      model_name=target_model.name, control=control)
 
 
 @dataclass(frozen=True)

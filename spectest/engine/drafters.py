@@ -157,6 +157,14 @@ class DraftModelDrafter:
         probs = torch.zeros(B, K, self.model.config.vocab_size) if any_sampled else None
         lens = torch.zeros(B, dtype=torch.long)
 
+        # A row that has not drafted for a while (speculation switched off, K = 0 rounds, no
+        # draft prefill) is further behind: it catches up alone on all but its last token, so
+        # that one long row neither widens nor overflows everyone's step-0 forward.
+        for r in rows:
+            seen = int(self.cache.lengths[r.slot])
+            if len(r.tokens) - seen > 2:
+                self.model(torch.tensor([r.tokens[seen:-1]]), self.cache,
+                           torch.tensor([r.slot]), last_only=True)
         # Step 0 feeds every committed token this cache has not seen (usually 1, or 2 after a
         # fully accepted round), right-padded; logits are read at each row's last real token.
         pending = [r.tokens[int(self.cache.lengths[r.slot]):] for r in rows]

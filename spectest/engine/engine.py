@@ -5,7 +5,10 @@ and a scheduler, and runs one *round* at a time: every running sequence gets up 
 the target scores ``[last token, drafts…]`` for all rows in one forward, each row accepts its
 own prefix (greedy matching or rejection sampling), both caches rewind to the accepted length,
 and a :class:`RoundRecord` goes to every observer. K = 0 rows (speculation off for a request,
-or the baseline drafter) go through the same forward, so comparisons are fair.
+or the baseline drafter) go through the same forward, so comparisons are fair. A
+:class:`~spectest.engine.control.SpeculationControl` may switch speculation off for every row,
+or change K and the K policy; the engine applies such a change at the start of a step (a round
+boundary), and while it is off, admits requests without a draft prefill.
 
 Cache invariant: at a round boundary the target cache of a slot holds every committed token but
 the last; the last token is the first input of the next verify.
@@ -25,8 +28,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from spectest.engine.drafters import Drafter, DraftRow
-from spectest.engine.policies import FixedK, KPolicy
+from spectest.engine.control import SpeculationControl, control_for
+from spectest.engine.drafters import Drafter, DraftRow, NoDrafter
+from spectest.engine.policies import Decision, FixedK, KPolicy
 from spectest.engine.requests import (GenerationRequest, RequestOutput, RequestStats,
                                       RoundRecord, RowRecord, TokenLogprob)
 from spectest.engine.sampling import probs_from_logits, sample_from
@@ -46,6 +50,7 @@ FAULTS = {
 }
 
 RoundObserver = Callable[[RoundRecord], None]
+SWITCHED_OFF = Decision(0, "speculation switched off at runtime")
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,8 @@ class EngineConfig:
 class SpecEngine:
     def __init__(self, target, tokenizer: Tokenizer, drafter: Drafter,
                  policy: KPolicy | None = None, config: EngineConfig = EngineConfig(),
-                 model_name: str = "target", observers: tuple[RoundObserver, ...] = ()):
+                 model_name: str = "target", observers: tuple[RoundObserver, ...] = (),
+                 control: SpeculationControl | None = None):
         self.target = target
         self.tokenizer = tokenizer
         self.drafter = drafter
@@ -73,6 +79,9 @@ class SpecEngine:
         self.observers: list[RoundObserver] = list(observers)
         sc = config.scheduler
         self.scheduler = Scheduler(sc)
+        self.control = control or control_for(self.policy, max(1, sc.spec_slots - 1),
+                                              can_draft=not isinstance(drafter, NoDrafter))
+        self.speculating = self.control.settings().enabled
         self.cache = target.new_cache(sc.max_num_seqs, sc.max_model_len)
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
         self.rounds = 0
@@ -127,6 +136,10 @@ class SpecEngine:
 
     @torch.inference_mode()
     def step(self) -> bool:
+        change = self.control.apply(self.rounds)  # a round boundary: runtime settings land here
+        if change is not None:
+            self.speculating = change.new.enabled
+            self.policy = change.policy or self.policy
         admitted, cancelled = self.scheduler.schedule()
         for seq in cancelled:
             self._release(seq)
@@ -188,7 +201,10 @@ class SpecEngine:
             self._finish(seq, "length")
             return
         first = self._pick(seq, logits[-1])
-        self.drafter.admit(seq.slot, list(req.prompt_ids))
+        if self.speculating:
+            self.drafter.admit(seq.slot, list(req.prompt_ids))
+        else:  # no draft prefill; the drafter catches up if speculation comes back on
+            self.drafter.release(seq.slot)
         lps = None
         if req.logprobs is not None:
             lps = (self._logprob(F.log_softmax(logits[-1].float(), -1), first, req.logprobs),)
@@ -199,7 +215,7 @@ class SpecEngine:
         B = len(seqs)
         faults = self.config.faults
         started = time.time()
-        decision = self.policy.choose(B)
+        decision = self.policy.choose(B) if self.speculating else SWITCHED_OFF
         max_len = self.config.scheduler.max_model_len
         rows: list[DraftRow] = []
         row_of: list[int] = []

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+POLICIES = ("fixed", "adaptive", "confidence", "goodput")  # the names make_policy builds
+
 
 @dataclass(frozen=True)
 class Decision:

@@ -6,6 +6,14 @@ the client as soon as it arrives (``iter_lines()`` reads 1 KiB blocks and adds ~
 ``readline()``'s default ``b"\\r\\n"`` waits for the whole body; see shared/REFERENCE.md).
 The stream is read to EOF, not abandoned at ``[DONE]``, so the keep-alive connection is reused.
 
+Servers close kept-alive connections (llama-server after every streamed response, although it
+answered ``Keep-Alive: timeout=5``; uvicorn under vLLM/SGLang after 5 s idle). A request written
+to such a connection fails before a single response byte arrives: the server never read it. That
+is not a server failure, so a request that may have gone out on a reused connection and failed
+that way (closed/reset, no status line) is resent once on a fresh connection and the reconnect is
+counted (``reconnects``); its latencies are measured from the first send, as a user would feel
+them. A refused connection, a timeout or a stream that breaks after the headers is never resent.
+
 Timing (client clock, ``time.perf_counter`` — CLOCK_MONOTONIC on Linux, so a server on the
 same host can stamp comparable times; vLLM-bench naming):
 
@@ -21,12 +29,16 @@ Each call fires exactly one Locust ``request`` event: name = workload category, 
 
 from __future__ import annotations
 
+import errno
 import json
 import random
 import time
 from dataclasses import dataclass, field
 
+from geventhttpclient.response import HTTPConnectionClosed
 from locust.contrib.fasthttp import FastHttpSession
+
+from spectest.flavours import response_stats
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
@@ -55,6 +67,7 @@ class StreamResult:
     status: int = 0
     error: str = ""
     connection_error: bool = False  # refused / reset / closed: the server is not there
+    reconnects: int = 0  # resent after the server closed a kept-alive connection unread
     response_id: str = ""
     trace_id: str = ""
     ttft_s: float | None = None
@@ -103,7 +116,9 @@ class TraceIds:
 
 
 def stream_completion(session: FastHttpSession, req: CompletionRequest, *, api_key: str = "",
-                      trace: TraceIds | None = None) -> StreamResult:
+                      trace: TraceIds | None = None, reused: bool = True) -> StreamResult:
+    """Send ``req``, read its stream, fire one Locust request event; ``reused``: the session
+    may hold a kept-alive connection from an earlier request (then one resend is allowed)."""
     trace_id, traceparent = (trace or TraceIds()).traceparent()
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream",
                "Accept-Encoding": "identity", "X-Spectest-Workload": req.workload,
@@ -112,22 +127,24 @@ def stream_completion(session: FastHttpSession, req: CompletionRequest, *, api_k
         headers["Authorization"] = f"Bearer {api_key}"
     started_at = time.time()
     t0 = time.perf_counter()
-    resp = session.request("POST", req.path, name=req.workload, data=req.body, headers=headers,
-                           stream=True, catch_response=True)
-    base = dict(workload=req.workload, record_id=req.record_id, turn=req.turn,
-                started_at=started_at, sent_mono=t0, trace_id=trace_id)
-    with resp:
+    reconnects = 0
+    while True:
+        resp = session.request("POST", req.path, name=req.workload, data=req.body,
+                               headers=headers, stream=True, catch_response=True)
         error = getattr(resp, "error", None)
         status = getattr(resp, "status_code", 0) or 0
+        if status == 0 and reused and not reconnects and closed_unread(error):
+            reconnects += 1  # not entering `with resp` fires no Locust event for it
+            continue
+        break
+    base = dict(workload=req.workload, record_id=req.record_id, turn=req.turn,
+                started_at=started_at, sent_mono=t0, trace_id=trace_id, reconnects=reconnects)
+    with resp:
         if error is not None or status != 200:
             result = StreamResult(ok=False, status=status, connection_error=status == 0,
                                   error=_http_error(resp, status, error), **base)
         else:
-            try:
-                result = _read_stream(resp.stream, t0, req.keep_text, base)
-            except Exception as e:  # socket reset, truncated chunked body, parse error
-                result = StreamResult(ok=False, status=200, connection_error=True,
-                                      error=f"stream broken: {type(e).__name__}: {e}", **base)
+            result = _read_stream(resp.stream, t0, req.keep_text, base)
         meta = resp.request_meta
         elapsed_ms = (time.perf_counter() - t0) * 1e3
         meta["response_time"] = result.e2el_s * 1e3 if result.e2el_s is not None else elapsed_ms
@@ -139,6 +156,13 @@ def stream_completion(session: FastHttpSession, req: CompletionRequest, *, api_k
         else:
             resp.failure(result.error)
     return result
+
+
+def closed_unread(error: BaseException | None) -> bool:
+    """The server closed or reset the connection before answering anything (status 0)."""
+    if isinstance(error, (HTTPConnectionClosed, ConnectionResetError, BrokenPipeError)):
+        return True
+    return isinstance(error, OSError) and error.errno in (errno.ECONNRESET, errno.EPIPE)
 
 
 def _http_error(resp, status: int, error: Exception | None) -> str:
@@ -155,6 +179,8 @@ def _http_error(resp, status: int, error: Exception | None) -> str:
 
 
 def _read_stream(stream, t0: float, keep_text: bool, base: dict) -> StreamResult:
+    """Read SSE events to EOF. A stream that breaks midway (connection dropped, a torn event)
+    gives a failed result that keeps what arrived: its TTFT, chunks and tokens so far."""
     readline = stream.readline
     loads = json.loads
     perf = time.perf_counter
@@ -163,44 +189,55 @@ def _read_stream(stream, t0: float, keep_text: bool, base: dict) -> StreamResult
     usage = spec = None
     response_id = ""
     error = ""
-    while True:
-        line = readline(b"\n")
-        if not line:
-            break
-        if not line.startswith(b"data:"):
-            continue
-        now = perf()
-        data = line[5:].strip()
-        if data == b"[DONE]" or not data:
-            continue
-        event = loads(data.decode())  # str: json skips sniffing the byte encoding
-        if "error" in event and event["error"]:
-            err = event["error"]
-            error = f"stream error: {err.get('message', err) if isinstance(err, dict) else err}"
-            continue
-        if not response_id:
-            response_id = event.get("id", "")
-        if event.get("usage"):
-            usage = event["usage"]
-        if event.get("spec"):
-            spec = event["spec"]
-        for choice in event.get("choices") or ():
-            src = choice.get("delta") or choice  # chat delta, or the completions choice
-            text = (src.get("content") or src.get("text") or src.get("reasoning_content")
-                    or src.get("reasoning"))
-            if text:
-                times.append(now)
-                if keep_text:
-                    pieces.append(text)
+    try:
+        while True:
+            line = readline(b"\n")
+            if not line:
                 break
+            if not line.startswith(b"data:"):
+                continue
+            now = perf()
+            data = line[5:].strip()
+            if data == b"[DONE]" or not data:
+                continue
+            event = loads(data.decode())  # str: json skips sniffing the byte encoding
+            if "error" in event and event["error"]:
+                err = event["error"]
+                error = f"stream error: {err.get('message', err) if isinstance(err, dict) else err}"
+                continue
+            if not response_id:
+                response_id = event.get("id", "")
+            if event.get("usage"):
+                usage = event["usage"]
+            stats = response_stats(event)  # spectest's `spec`, llama.cpp's `timings.draft_n`
+            if stats is not None:
+                spec = {**(event.get("spec") or {}), **stats.as_spec()}
+            for choice in event.get("choices") or ():
+                src = choice.get("delta") or choice  # chat delta, or the completions choice
+                text = (src.get("content") or src.get("text") or src.get("reasoning_content")
+                        or src.get("reasoning"))
+                if text:
+                    times.append(now)
+                    if keep_text:
+                        pieces.append(text)
+                    break
+    except Exception as e:  # socket reset, truncated chunked body, a torn JSON event
+        error = (f"stream broken after {len(times)} token chunk(s): "
+                 f"{type(e).__name__}: {e}")
+        base = {**base, "connection_error": True}
     if error or not times:
+        partial = _timed(times, t0, len(times), usage) if times else {}
         return StreamResult(ok=False, status=200, error=error or "no tokens in the stream",
-                            response_id=response_id, spec=spec, **base)
+                            response_id=response_id, spec=spec, **partial, **base)
     n = int(usage["completion_tokens"]) if usage and usage.get("completion_tokens") else len(times)
+    return StreamResult(ok=True, status=200, response_id=response_id, spec=spec,
+                        text="".join(pieces), **_timed(times, t0, n, usage), **base)
+
+
+def _timed(times: list[float], t0: float, n: int, usage: dict | None) -> dict:
+    """The latency fields of a stream whose token chunks arrived at ``times``."""
     ttft, e2el = times[0] - t0, times[-1] - t0
-    return StreamResult(
-        ok=True, status=200, response_id=response_id, ttft_s=ttft, e2el_s=e2el,
-        tpot_s=(e2el - ttft) / (n - 1) if n > 1 else None,
-        itl_s=tuple(b - a for a, b in zip(times, times[1:])), chunks=len(times), output_tokens=n,
-        prompt_tokens=usage.get("prompt_tokens") if usage else None,
-        usage_reported=usage is not None, spec=spec, text="".join(pieces), **base)
+    return dict(ttft_s=ttft, e2el_s=e2el, tpot_s=(e2el - ttft) / (n - 1) if n > 1 else None,
+                itl_s=tuple(b - a for a, b in zip(times, times[1:])), chunks=len(times),
+                output_tokens=n, prompt_tokens=usage.get("prompt_tokens") if usage else None,
+                usage_reported=usage is not None)

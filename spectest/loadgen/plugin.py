@@ -4,7 +4,10 @@ Listeners it adds:
 
 * ``init_command_line_parser`` — the spectest flags (``options.add_arguments``);
 * ``init`` — creates the ``LoadRun`` as ``environment.spectest``, registers the master/worker
-  messages, checks the flags (headless: one readable line and exit code 2 on bad input), and
+  messages, makes SIGTERM stop the run cleanly (Locust 2.47 installs its own SIGTERM handler only
+  after a headless shape test ends, so during one SIGTERM killed the process before it wrote its
+  files; now it is handled as Ctrl-C, which Locust ends gracefully), checks the flags
+  (headless: one readable line and exit code 2 on bad input), and
   adds a "Speculative decoding" tab to the web UI with live per-workload latency and
   acceptance plus a download of ``steps.csv``;
 * ``test_start`` / ``test_stop`` / ``quitting`` — begin the run, drain workers, write the final
@@ -17,6 +20,7 @@ It holds no state of its own: everything lives on the environment's ``LoadRun``.
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 
 from locust.env import Environment
@@ -46,6 +50,7 @@ def install(events, workload: str = "chat") -> None:
 
     @events.init.add_listener
     def _init(environment: Environment, **_kw):
+        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
         run = LoadRun(environment, default_workload=workload)
         environment.spectest = run
         parsed = environment.parsed_options
@@ -87,6 +92,10 @@ def install(events, workload: str = "chat") -> None:
         run: LoadRun = getattr(environment, "spectest", None)
         if run is not None and run.owner and run.active:
             run.finish("interrupted")
+
+
+def _sigterm_as_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt  # gevent re-raises it in the main greenlet, as for Ctrl-C
 
 
 def _check_flags(parsed, workload: str, headless: bool) -> None:

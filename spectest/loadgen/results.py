@@ -10,7 +10,11 @@ One run writes one folder (``--results-dir``; a new test start truncates it):
     sent), ``ttft_ms``, ``tpot_ms``, ``e2el_ms``, ``itl_ms`` (every chunk gap), ``chunks``,
     ``output_tokens``, ``prompt_tokens``, ``tokens_per_chunk``, ``usage_reported``, ``spec``
     (the server's per-response object or null), ``speculative`` (on|off|default, as requested),
-    ``schedule_lag_ms`` (open loop: send time minus scheduled arrival), ``slo_ok``.
+    ``schedule_lag_ms`` (open loop: send time minus scheduled arrival), ``slo_ok``,
+    ``reconnects`` (1 when the request was resent because the server had closed the kept-alive
+    connection without reading it; see ``client.py``). ``spec`` is normalised to spectest's
+    shape whatever the server: llama.cpp's ``timings.draft_n`` / ``draft_n_accepted`` become
+    ``draft_tokens`` / ``accepted_tokens`` with ``drafts`` null (it does not report them).
 ``steps.csv``  one row per (step, workload) plus a ``workload = all`` row per step; rewritten
     atomically (temp file + ``os.replace``) whenever it changes, so it is always complete up to
     the last flush. Read it with ``pandas.read_csv``. Columns, in order:
@@ -25,6 +29,10 @@ One run writes one folder (``--results-dir``; a new test start truncates it):
     duration_s             step length (to its end, or to now while it runs)
     requests               requests sent in the step that finished (ok + failed)
     failures               of those, failed
+    reconnects             requests resent because the server closed a kept-alive connection
+                           before reading them (not failures; see ``client.py``)
+    usage_missing          successful responses without ``usage``: their output tokens are
+                           counted as token chunks, an undercount when a chunk holds several
     errors                 JSON object: the ten most common error messages and their counts
     ttft_p50_ms … _p99_ms  time to first token percentiles (p50, p90, p99), successful only
     tpot_p50_ms …          (E2EL − TTFT) / (N − 1)
@@ -36,7 +44,8 @@ One run writes one folder (``--results-dir``; a new test start truncates it):
     goodput_rps            requests meeting every SLO given / duration_s (DistServe)
     slo_attainment         share of successful requests meeting every SLO
     tokens_per_chunk       output_tokens / chunks (> 1 when a chunk carries a whole round)
-    acceptance_source      spectest | vllm | sglang | empty (where the server figures are from)
+    acceptance_source      a flavour key (spectest | vllm | sglang | llamacpp) or empty: where
+                           the server figures are from
     drafts, draft_tokens, accepted_tokens
                            server counter deltas over the step (/metrics at both boundaries)
     acceptance_rate        Δaccepted / Δdraft_tokens (empty when no drafts)
@@ -76,7 +85,7 @@ from spectest.loadgen.scrape import ALL, Acceptance, Snapshot, acceptance
 PERCENTILES = (50, 90, 99)
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
 COLUMNS = (["step", "workload", "users", "request_rate", "speculative", "started_at",
-            "duration_s", "requests", "failures", "errors"]
+            "duration_s", "requests", "failures", "reconnects", "usage_missing", "errors"]
            + [f"{m}_p{p}_ms" for m in LATENCIES for p in PERCENTILES]
            + ["output_tokens", "output_tokens_per_s", "requests_per_s", "goodput_rps",
               "slo_attainment", "tokens_per_chunk", "acceptance_source", "drafts",
@@ -97,7 +106,7 @@ def request_row(r: StreamResult, *, worker: str, speculative: str, slo_ok: bool,
             "output_tokens": r.output_tokens, "prompt_tokens": r.prompt_tokens,
             "tokens_per_chunk": r.tokens_per_chunk, "usage_reported": r.usage_reported,
             "spec": r.spec, "speculative": speculative, "schedule_lag_ms": ms(schedule_lag_s),
-            "slo_ok": bool(r.ok and slo_ok)}
+            "slo_ok": bool(r.ok and slo_ok), "reconnects": r.reconnects}
 
 
 @dataclass
@@ -111,6 +120,9 @@ class _Bucket:
     spec_drafts: float = 0.0
     spec_draft_tokens: float = 0.0
     spec_accepted: float = 0.0
+    spec_rows_with_drafts: int = 0  # responses that said how many drafts (llama.cpp does not)
+    reconnects: int = 0
+    usage_missing: int = 0
     ttft: array = field(default_factory=lambda: array("d"))
     tpot: array = field(default_factory=lambda: array("d"))
     itl: array = field(default_factory=lambda: array("d"))
@@ -119,11 +131,13 @@ class _Bucket:
 
     def add(self, row: dict) -> None:
         self.requests += 1
+        self.reconnects += row.get("reconnects") or 0
         if not row["ok"]:
             self.failures += 1
             self.errors[row["error"][:80]] += 1
             return
         self.slo_ok += bool(row["slo_ok"])
+        self.usage_missing += not row.get("usage_reported", True)
         self.output_tokens += row["output_tokens"]
         self.chunks += row["chunks"]
         for name in ("ttft", "tpot", "e2el"):
@@ -131,10 +145,12 @@ class _Bucket:
                 getattr(self, name).append(row[f"{name}_ms"])
         self.itl.extend(row["itl_ms"])
         spec = row.get("spec") or {}
-        if spec.get("drafts") is not None:
-            self.spec_drafts += spec.get("drafts") or 0
+        if spec.get("draft_tokens") is not None:
             self.spec_draft_tokens += spec.get("draft_tokens") or 0
             self.spec_accepted += spec.get("accepted_tokens") or 0
+            if spec.get("drafts") is not None:
+                self.spec_drafts += spec.get("drafts") or 0
+                self.spec_rows_with_drafts += 1
 
 
 @dataclass
@@ -266,6 +282,15 @@ class ResultsSink:
             out.extend(cached)
         return out
 
+    def common_error(self) -> str:
+        """The most frequent error message of the latest step (one readable line)."""
+        for step in reversed(self.steps):
+            errors = step.buckets.get(ALL, _Bucket()).errors
+            if errors:
+                message, count = errors.most_common(1)[0]
+                return f"{message!r} ({count}x)"
+        return "no error recorded"
+
     def frame(self) -> pd.DataFrame:
         pos_cols = [f"acceptance_pos_{i}" for i in range(self.max_positions)]
         return pd.DataFrame(self.rows(), columns=COLUMNS + pos_cols)
@@ -277,7 +302,8 @@ class ResultsSink:
         row = {"step": step.index, "workload": key, "users": step.users,
                "request_rate": step.rate, "speculative": self.speculative,
                "started_at": round(step.started_at, 3), "duration_s": round(duration, 3),
-               "requests": b.requests, "failures": b.failures,
+               "requests": b.requests, "failures": b.failures, "reconnects": b.reconnects,
+               "usage_missing": b.usage_missing,
                "errors": json.dumps(dict(b.errors.most_common(10))) if b.errors else None}
         for name in LATENCIES:
             values = np.frombuffer(getattr(b, name), dtype=float) if len(getattr(b, name)) else None
@@ -297,7 +323,8 @@ class ResultsSink:
             client_acceptance_rate=(b.spec_accepted / b.spec_draft_tokens
                                     if b.spec_draft_tokens else None),
             client_mean_accepted_length=(1 + b.spec_accepted / b.spec_drafts
-                                         if b.spec_drafts else None))
+                                         if b.spec_drafts and b.spec_rows_with_drafts == ok
+                                         else None))
         for i in range(self.max_positions):
             per = acc.per_position if acc else ()
             row[f"acceptance_pos_{i}"] = per[i] if i < len(per) else None
@@ -308,12 +335,18 @@ def summary_line(row: dict) -> str:
     """One console/log line for a step row."""
     def f(v, spec: str) -> str:
         return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+    extra = ""
+    if row.get("reconnects"):
+        extra += f" reconnects={row['reconnects']}"
+    if row.get("usage_missing"):
+        extra += (f" no_usage={row['usage_missing']} (tokens counted as chunks: an undercount "
+                  f"when a chunk holds several)")
     return (f"step {row['step']} [{row['workload']}] users={row['users']} "
             f"req={row['requests']} fail={row['failures']} "
             f"ttft_p50={f(row['ttft_p50_ms'], '.1f')}ms tpot_p50={f(row['tpot_p50_ms'], '.2f')}ms "
             f"tok/s={f(row['output_tokens_per_s'], '.1f')} "
             f"acceptance={f(row['acceptance_rate'], '.3f')} "
-            f"mean_len={f(row['mean_accepted_length'], '.2f')}")
+            f"mean_len={f(row['mean_accepted_length'], '.2f')}{extra}")
 
 
 def _atomic_write(path: Path, text: str) -> None:

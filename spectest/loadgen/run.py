@@ -232,11 +232,12 @@ class LoadRun:
 
     def _watchdog(self) -> None:
         grace = self.opts.server_down_grace
-        if not grace or self.last_fail <= self.last_ok:
+        if not grace or self.last_fail <= self.last_ok or self.stop_requested:
             return
         if time.time() - self.last_ok > grace:
-            log.error("spectest: no request has succeeded for %.0f s and requests are failing; "
-                      "stopping the run. Results so far are in %s", grace, self.opts.results_dir)
+            log.error("spectest: no request has succeeded for %.0f s and requests are failing "
+                      "(most often: %s); stopping the run. Results so far are in %s", grace,
+                      self.sink.common_error() if self.sink else "?", self.opts.results_dir)
             self.stop_runner()
 
     def stop_runner(self) -> None:

@@ -1,9 +1,12 @@
 """Read a server's ``/metrics`` and turn its spec-decode counters into acceptance figures.
 
-Three dialects are understood, so one locustfile measures spectest, vLLM or SGLang:
+Which samples are the counters comes from the flavour table (``spectest.flavours``), so one
+locustfile measures spectest, vLLM, SGLang or llama.cpp:
 
-* ``spectest:`` counters (names from ``spectest.telemetry.names``), labelled by ``workload``;
-* ``vllm:`` counters — the same names, no workload label (figures are for all traffic);
+* counters with vLLM semantics (spectest's ``spectest:`` names, labelled by ``workload``;
+  vLLM's ``vllm:`` and llama.cpp's ``llamacpp:`` names — no workload label, so figures are for
+  all traffic). llama.cpp adds a request's counts only when the request finishes, so its window
+  covers requests that *ended* in it;
 * SGLang's ``sglang:spec_accept_length`` gauge — a mean accepted length the server recomputes
   itself; it cannot be differenced, so a window gets the gauge's value at its end, and no
   acceptance rate (SGLang's ``spec_accept_rate`` counts the bonus token; it is not vLLM's).
@@ -17,6 +20,7 @@ from zero. This module does HTTP GET and parsing only; it knows nothing of Locus
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.request
 from collections import defaultdict
@@ -24,13 +28,17 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from spectest import flavours
+from spectest.flavours import FLAVOURS
 from spectest.telemetry import names as N
 
 ALL = "all"
 _FIELDS = {N.SPEC_NUM_DRAFTS: "drafts", N.SPEC_NUM_DRAFT_TOKENS: "draft_tokens",
            N.SPEC_NUM_ACCEPTED_TOKENS: "accepted", N.SPEC_NUM_ACCEPTED_PER_POS: "per_pos"}
-_PREFIXES = {"spectest": N.PREFIX, "vllm": "vllm:"}
-SGLANG_ACCEPT_LENGTH = "sglang:spec_accept_length"
+# sample name → (flavour key, field), for every flavour that has the counters
+_COUNTER_SAMPLES = {f.sample(spec): (f.key, field) for f in FLAVOURS
+                    for spec, field in _FIELDS.items() if f.sample(spec)}
+_GAUGES = {f.accept_length_gauge: f.key for f in FLAVOURS if f.accept_length_gauge}
 
 
 @dataclass(frozen=True)
@@ -64,7 +72,7 @@ def _at(t: tuple[float, ...], i: int) -> float:
 @dataclass(frozen=True)
 class Snapshot:
     taken_at: float  # wall clock
-    source: str  # "spectest" | "vllm" | "sglang" | "none"
+    source: str  # a flavour key (spectest | vllm | sglang | llamacpp) or "none"
     counters: dict[str, SpecCounters]  # by workload label, plus "all"
     accept_length_gauge: float | None = None
 
@@ -83,39 +91,36 @@ class Acceptance:
 def parse_metrics(text: str, taken_at: float | None = None) -> Snapshot:
     """Prometheus text exposition → Snapshot (``source="none"`` if no known metric is there)."""
     taken_at = time.time() if taken_at is None else taken_at
-    found: dict[str, dict[str, dict]] = {d: defaultdict(dict) for d in _PREFIXES}
-    seen = set()
-    gauge: list[float] = []
+    found: dict[str, dict[str, dict]] = defaultdict(lambda: defaultdict(dict))
+    gauges: dict[str, list[float]] = defaultdict(list)
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == SGLANG_ACCEPT_LENGTH:
-                gauge.append(sample.value)
+            if sample.name in _GAUGES:
+                gauges[_GAUGES[sample.name]].append(sample.value)
                 continue
-            for dialect, prefix in _PREFIXES.items():
-                for spec, field in _FIELDS.items():
-                    if sample.name != N.renamed(spec, prefix) + "_total":
-                        continue
-                    seen.add(dialect)
-                    workload = sample.labels.get("workload", ALL)
-                    slot = found[dialect][workload]
-                    if field == "per_pos":
-                        pos = int(sample.labels.get("position", "0"))
-                        slot.setdefault("per_pos", {})
-                        slot["per_pos"][pos] = slot["per_pos"].get(pos, 0.0) + sample.value
-                    else:
-                        slot[field] = slot.get(field, 0.0) + sample.value
-    for dialect in _PREFIXES:  # spectest wins when a server exposes both
-        if dialect in seen:
-            by_workload = {w: _counters(v) for w, v in found[dialect].items()}
+            hit = _COUNTER_SAMPLES.get(sample.name)
+            if hit is None:
+                continue
+            flavour, field = hit
+            slot = found[flavour][sample.labels.get("workload", ALL)]
+            if field == "per_pos":
+                pos = int(sample.labels.get("position", "0"))
+                slot.setdefault("per_pos", {})
+                slot["per_pos"][pos] = slot["per_pos"].get(pos, 0.0) + sample.value
+            else:
+                slot[field] = slot.get(field, 0.0) + sample.value
+    for flavour in FLAVOURS:  # table order: spectest wins when a proxy exposes two
+        if flavour.key in found:
+            by_workload = {w: _counters(v) for w, v in found[flavour.key].items()}
             if ALL not in by_workload or len(by_workload) > 1:
                 total = SpecCounters()
                 for w, c in by_workload.items():
                     if w != ALL:
                         total = total + c
                 by_workload[ALL] = total + by_workload.get(ALL, SpecCounters())
-            return Snapshot(taken_at, dialect, by_workload)
-    if gauge:
-        return Snapshot(taken_at, "sglang", {}, sum(gauge) / len(gauge))
+            return Snapshot(taken_at, flavour.key, by_workload)
+    for key, values in gauges.items():
+        return Snapshot(taken_at, key, {}, sum(values) / len(values))
     return Snapshot(taken_at, "none", {})
 
 
@@ -130,8 +135,8 @@ def acceptance(start: Snapshot | None, end: Snapshot | None) -> dict[str, Accept
     """Acceptance per workload (and ``"all"``) over the window between two snapshots."""
     if end is None:
         return {}
-    if end.source == "sglang":
-        return {ALL: Acceptance("sglang", mean_accepted_length=end.accept_length_gauge)}
+    if end.accept_length_gauge is not None:
+        return {ALL: Acceptance(end.source, mean_accepted_length=end.accept_length_gauge)}
     if start is None or start.source not in (end.source, "none"):
         return {}  # no baseline (a labelled counter is absent until first used: "none" is 0)
     out = {}
@@ -167,3 +172,26 @@ class Scraper:
         except ValueError as e:  # not Prometheus text
             self.last_error = f"unparseable /metrics: {e}"
             return None
+
+
+def detect_flavour(host: str, metrics_url: str = "",
+                   timeout: float = 5.0) -> flavours.Flavour | None:
+    """The server flavour behind ``host``: ``/v1/models``' ``owned_by`` (llama.cpp says
+    "llamacpp"), then the metric names on ``/metrics``; None when neither tells."""
+    host = host.rstrip("/")
+    try:
+        with urllib.request.urlopen(host + "/v1/models", timeout=timeout) as resp:
+            owners = {m.get("owned_by") for m in json.loads(resp.read()).get("data", [])
+                      if isinstance(m, dict)}
+    except (OSError, ValueError):
+        owners = set()
+    for f in flavours.FLAVOURS:
+        if f.key in owners:
+            return f
+    try:
+        with urllib.request.urlopen(metrics_url or host + "/metrics", timeout=timeout) as resp:
+            text = resp.read().decode("utf-8", errors="replace")
+        names = {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
+    except (OSError, ValueError):
+        return None
+    return flavours.detect(names)

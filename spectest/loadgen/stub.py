@@ -53,6 +53,11 @@ class StubConfig:
     metrics: MetricsFlavour = "spectest"
     seed: int = 0
     keep_timings: int = 20000
+    # Faults of third-party servers, for the client's tests: a request field answered with a
+    # 400, streams without `usage`, streams cut off after N token chunks (connection closed).
+    refuse_field: str = ""
+    no_usage: bool = False
+    drop_after_chunks: int = 0
 
 
 class _Message(BaseModel):
@@ -189,8 +194,11 @@ class StubServer:
 
     async def _serve(self, request: web.Request, model, chat: bool) -> web.StreamResponse:
         received = time.monotonic()
+        raw = await request.read()
+        if self.cfg.refuse_field and self.cfg.refuse_field in json.loads(raw or b"{}"):
+            return _error(400, f"Unsupported param: {self.cfg.refuse_field}")
         try:
-            req = model.model_validate_json(await request.read())
+            req = model.model_validate_json(raw)
         except ValidationError as e:
             first = e.errors()[0]
             return _error(400, f"{'.'.join(map(str, first['loc']))}: {first['msg']}")
@@ -240,6 +248,9 @@ class StubServer:
             content = "".join(json.loads(p) for p in pieces[idx:idx + n]) if n > 1 else None
             piece = json.dumps(content) if content is not None else pieces[idx]
             idx += n
+            if self.cfg.drop_after_chunks and len(sent) >= self.cfg.drop_after_chunks:
+                request.transport.close()  # a dropped stream: no terminating chunk
+                return resp
             stamp = time.monotonic()
             await resp.write(f"{head}{piece}{tail}{stamp:.6f}}}\n\n".encode())
             sent.append(stamp)
@@ -257,7 +268,7 @@ class StubServer:
         base = {"id": rid, "object": obj, "created": created, "model": self.cfg.model}
         last = {**base, "choices": [end_choice], "spec": spec}
         tail_events = [last]
-        if req.stream_options and req.stream_options.include_usage:
+        if req.stream_options and req.stream_options.include_usage and not self.cfg.no_usage:
             tail_events.append({**base, "choices": [], "usage": usage, "spec": spec})
         for ev in tail_events:
             await resp.write(f"data: {json.dumps(ev)}\n\n".encode())
@@ -337,6 +348,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="stub-model")
     ap.add_argument("--metrics", choices=["spectest", "vllm", "sglang"], default="spectest")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--refuse-field", default="", help="fault: 400 when the body has this field")
+    ap.add_argument("--no-usage", action="store_true", help="fault: never send usage")
+    ap.add_argument("--drop-after-chunks", type=int, default=0,
+                    help="fault: close the connection after N token chunks")
     a = ap.parse_args(argv)
     if a.ttft_ms < 0 or a.itl_ms < 0 or a.spec_k < 0 or not 0 <= a.accept_prob <= 1:
         print("stub: delays and --spec-k must be >= 0 and --accept-prob in [0, 1]", file=sys.stderr)
@@ -344,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = StubConfig(ttft_s=a.ttft_ms / 1e3, itl_s=a.itl_ms / 1e3, output_tokens=a.output_tokens,
                      spec_k=a.spec_k, accept_prob=a.accept_prob,
                      speculative_default=not a.no_speculative_default, model=a.model,
-                     metrics=a.metrics, seed=a.seed)
+                     metrics=a.metrics, seed=a.seed, refuse_field=a.refuse_field,
+                     no_usage=a.no_usage, drop_after_chunks=a.drop_after_chunks)
     try:
         asyncio.run(_serve_forever(StubServer(cfg), a.host, a.port))
     except KeyboardInterrupt:

@@ -59,6 +59,7 @@ class SpecUser(FastHttpUser):
     wait_time = constant(0)
     network_timeout = 600.0  # a long generation is not a timeout
     connection_timeout = 10.0
+    sent = 0  # requests this user has sent: after the first, its connection may be reused
 
     @task
     def conversation(self) -> None:
@@ -79,7 +80,8 @@ class SpecUser(FastHttpUser):
         for turn in range(1 + len(record.turns)):
             req = build_request(record, run.opts, run.model, turn, messages)
             result = stream_completion(self.client, req, api_key=run.opts.api_key,
-                                       trace=run.trace)
+                                       trace=run.trace, reused=self.sent > 0)
+            self.sent += 1
             run.submit(results.request_row(
                 result, worker=worker, speculative=run.opts.speculative_label,
                 slo_ok=run.opts.slo_ok(result.ttft_s, result.tpot_s, result.e2el_s),

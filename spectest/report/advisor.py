@@ -23,6 +23,12 @@ linear in K around the K that ran. K = 0 (speculation off) has speedup 1, so the
 ``spectest.engine.policies.Profile`` so ``spectest serve --k-policy goodput --profile`` can run
 the recommendation (the sweep's ``--validate-k``).
 
+Evidence: each row carries the measured speedup at the K that ran with its successful requests
+per arm and 95 % interval (``evidence.Ratio``). Costs taken from client TPOT rest on those
+requests, so a load level with fewer than ``min_requests`` in an arm gives "not enough data"
+instead of a best K and stays out of the profile; costs from engine rounds rest on the server's
+round counters (the row says how many rounds).
+
 This module reads the step table only; it imports no engine code (no torch).
 """
 
@@ -34,6 +40,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+
+from spectest.report import evidence as ev
+from spectest.report.evidence import MIN_REQUESTS_PER_STEP
 
 K_MAX = 8
 MAX_CONTINUATION = 0.95  # a geometric continuation never assumes a better rate than this
@@ -129,6 +138,14 @@ class Costs:
     draft_ms: float | None
     verify_ms: float | None
     source: str  # "engine rounds" | "client TPOT"
+    n_spec: int | None = None  # successful requests per arm at this load
+    n_base: int | None = None
+    rounds: float | None = None  # speculative engine rounds behind the round timings
+
+    def supported(self, min_requests: int = MIN_REQUESTS_PER_STEP) -> bool:
+        """Engine rounds rest on the server's counters; client TPOT on enough requests."""
+        return self.source == "engine rounds" or not (
+            ev.thin(self.n_spec, min_requests) or ev.thin(self.n_base, min_requests))
 
     @property
     def plausible(self) -> bool:
@@ -149,16 +166,18 @@ def costs(table: pd.DataFrame, workload: str, k: int) -> list[Costs]:
     out = []
     for c in sorted(set(s.index) & set(b.index)):
         rs, rb = s.loc[c], b.loc[c]
+        n = (ev.successful(rs), ev.successful(rb))
+        rounds = float(rs.get("rounds")) if _ok(rs.get("rounds")) else None
         d, v, v0 = rs.get("draft_ms_per_round"), rs.get("verify_ms_per_round"), \
             rb.get("verify_ms_per_round")
         if _ok(d) and _ok(v) and _ok(v0) and float(v0) > 0:
             out.append(Costs(float(c), k, float(v0), float(d) + float(v), float(d), float(v),
-                             "engine rounds"))
+                             "engine rounds", *n, rounds))
             continue
         ts, tb, e = rs.get("tpot_p50_ms"), rb.get("tpot_p50_ms"), rs.get("mean_accepted_length")
         if _ok(ts) and _ok(tb) and _ok(e) and float(tb) > 0:
             out.append(Costs(float(c), k, float(tb), float(ts) * float(e), None, None,
-                             "client TPOT"))
+                             "client TPOT", *n))
     return out
 
 
@@ -177,14 +196,27 @@ class Advice:
     validated: float | None = None  # base TPOT p50 / spec-advised TPOT p50
     curve: tuple[float, ...] = field(default_factory=tuple)  # predicted speedup for K = 0…k_max
     plausible: bool = True  # False: the costs at this load contradict each other (noise)
+    measured: ev.Ratio | None = None  # the measured speedup with its requests and interval
+    supported: bool = True  # False: costs from too few requests — no best K is stated
+    rounds: float | None = None  # engine rounds behind the costs (engine-round source)
+    validated_evidence: ev.Ratio | None = None  # the validation run's speedup, n, interval
+
+    def basis(self) -> str:
+        """What the row rests on: requests per arm, interval, and rounds when from the engine."""
+        text = self.measured.evidence() if self.measured is not None else "n = ?"
+        if self.source == "engine rounds" and self.rounds:
+            text += f"; costs from {self.rounds:,.0f} engine rounds"
+        return text
 
 
-def advise(table: pd.DataFrame, workload: str, k_max: int = K_MAX) -> list[Advice]:
+def advise(table: pd.DataFrame, workload: str, k_max: int = K_MAX,
+           min_requests: int = MIN_REQUESTS_PER_STEP) -> list[Advice]:
     """One Advice per concurrency with both arms measured (empty when K or acceptance unknown)."""
     k = k_run(table, workload)
     p = position_acceptance(table, workload)
     if not k or not p:
         return []
+    k_max = max(k_max, k)  # n-gram drafts (llama.cpp) can run longer than the default range
     p = extend(p, k_max)
     t = table[table.workload == workload]
     out = []
@@ -195,14 +227,20 @@ def advise(table: pd.DataFrame, workload: str, k_max: int = K_MAX) -> list[Advic
         b = t[(t.arm == "base") & (t.concurrency == cost.concurrency)].iloc[0]
         measured = (float(b.tpot_p50_ms) / float(s.tpot_p50_ms)
                     if _ok(b.tpot_p50_ms) and _ok(s.tpot_p50_ms) and s.tpot_p50_ms > 0 else None)
+        ratio = ev.ratio(s, b, "tpot_p50_ms", False, cost.concurrency, min_requests,
+                         "tpot_p50_rse")
         v = t[(t.arm == "spec-advised") & (t.concurrency == cost.concurrency)]
         validated = vk = None
+        v_ratio = None
         if len(v) and _ok(v.iloc[0].tpot_p50_ms) and _ok(b.tpot_p50_ms):
             validated = float(b.tpot_p50_ms) / float(v.iloc[0].tpot_p50_ms)
             vk = float(v.iloc[0].k) if _ok(v.iloc[0].get("k")) else None
+            v_ratio = ev.ratio(v.iloc[0], b, "tpot_p50_ms", False, cost.concurrency,
+                               min_requests, "tpot_p50_rse")
         out.append(Advice(workload, cost.concurrency, k, cost.c_eff, cost.source, best,
                           curve[best], curve[k], measured, vk, validated, curve,
-                          cost.plausible))
+                          cost.plausible, ratio if ratio.value is not None else None,
+                          cost.supported(min_requests), cost.rounds, v_ratio))
     return out
 
 
@@ -216,19 +254,23 @@ def advice_frame(advice: list[Advice]) -> pd.DataFrame:
              else round(a.measured_at_run, 4),
              "validated_k": a.validated_k,
              "validated_speedup": None if a.validated is None else round(a.validated, 4),
-             "plausible": a.plausible}
+             "plausible": a.plausible, "supported": a.supported,
+             "n_spec": a.measured.n_spec if a.measured else None,
+             "n_base": a.measured.n_base if a.measured else None,
+             "measured_low": a.measured.low if a.measured else None,
+             "measured_high": a.measured.high if a.measured else None}
             for a in advice]
     return pd.DataFrame(rows)
 
 
 def profile_json(table: pd.DataFrame, workloads: list[str] | None = None,
-                 k_max: int = K_MAX) -> dict | None:
+                 k_max: int = K_MAX, min_requests: int = MIN_REQUESTS_PER_STEP) -> dict | None:
     """A ``Profile`` (engine/policies.py format) from the sweep, pooled over ``workloads``.
 
     ``step_seconds[c][k]`` = T0(c)·(1 + c_eff(c)·k) for k = 0…k_max (round time at batch ≈ c),
     ``accept_at_least`` = pooled per-position acceptance, continued to k_max. Load levels whose
-    costs are implausible (see ``Costs.plausible``) are left out. None when the sweep lacks
-    acceptance or costs.
+    costs are implausible (see ``Costs.plausible``) or rest on too few requests (client TPOT
+    under ``min_requests`` per arm) are left out. None when the sweep lacks acceptance or costs.
     """
     t = table if workloads is None else table[table.workload.isin(workloads)]
     k = k_run(t)
@@ -238,7 +280,7 @@ def profile_json(table: pd.DataFrame, workloads: list[str] | None = None,
     by_c: dict[float, list[Costs]] = {}
     for w in dict.fromkeys(t.workload):
         for cost in costs(t, w, k):
-            if cost.plausible:  # a noisy load level falls back to its nearest neighbour
+            if cost.plausible and cost.supported(min_requests):  # else: nearest neighbour
                 by_c.setdefault(cost.concurrency, []).append(cost)
     if not by_c:
         return None

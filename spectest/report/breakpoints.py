@@ -13,10 +13,15 @@ interpolated linearly in log2(concurrency); every answer names the two measured 
 bracket it. A point that the measured range does not contain is reported as ``not_reached``
 (or ``below_range`` when it lies at or under the lowest step) — never invented.
 
-Noise: a step's relative standard error (``*_rse`` columns, from its sub-windows) widens the
-band within which a difference counts as "no clear difference" (at least ``MIN_TOL``). A
-crossover must *stick*: a dip that is followed by a clear speculation win at a higher step is
-reported as a note, not as the crossover.
+Evidence (``evidence.py``): every answer carries the successful requests behind it per arm and
+step (``basis``) and, where the table has them, 95 % intervals. Steps with fewer than
+``min_requests`` successful requests in an arm are left out (and named in a note); when nothing
+is left, or the step a verdict rests on has an interval that cannot tell speculation from the
+baseline, the answer is ``not_enough_data``. Without interval columns (an old ``steps.csv``) a
+step's relative standard error (``*_rse``, from its sub-windows) widens the band within which a
+difference counts as "no clear difference" (at least ``MIN_TOL``), as before. A crossover must
+*stick*: a dip that is followed by a clear speculation win at a higher step is reported as a
+note, not as the crossover.
 
 This module knows no files, HTTP or plotting; ``find_all`` is what the report calls.
 """
@@ -24,79 +29,34 @@ This module knows no files, HTTP or plotting; ``find_all`` is what the report ca
 from __future__ import annotations
 
 import itertools
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 
+from spectest.report import evidence as ev
+from spectest.report.arm_points import knee, max_goodput, past_saturation, slo_break
+from spectest.report.evidence import MIN_REQUESTS_PER_STEP, MIN_TOL, Ratio
 from spectest.report.table import SLO
+from spectest.report.verdicts import (
+    BELOW,
+    FLAT_TOL,
+    FOUND,
+    NO_DATA,
+    NO_SLO,
+    NOT_ENOUGH,
+    NOT_REACHED,
+    RISE_TOL,
+    BreakPoint,
+    _fmt_c,
+    _log_interp,
+    _n,
+    _ok,
+)
 
-MIN_TOL = 0.03  # differences under 3 % are never "clear", whatever the measured noise
-FLAT_TOL = 0.10  # throughput growing by less than this over a step counts as flat
-RISE_TOL = 0.10  # latency growing by more than this over the flat part counts as rising
-
-FOUND, BELOW, NOT_REACHED, NO_DATA, NO_SLO = (
-    "found", "below_range", "not_reached", "no_data", "no_slo")
-
-
-@dataclass(frozen=True)
-class BreakPoint:
-    kind: str  # crossover_tpot | crossover_throughput | slo | knee | max_goodput
-    workload: str
-    arm: str | None  # None for the crossovers (they compare the arms)
-    status: str  # found | below_range | not_reached | no_data | no_slo
-    concurrency: float | None  # interpolated (found), the lowest step (below_range) or None
-    lower: float | None = None  # the measured steps that bracket it
-    upper: float | None = None
-    metric: float | None = None  # goodput (max_goodput), throughput (knee)
-    evidence: str = ""
-    notes: tuple[str, ...] = field(default_factory=tuple)
-
-    def headline(self) -> str:
-        """A short cell for a table: "≈ 5.3 (4–8)", "≤ 1", "not reached (≤ 8)"."""
-        if self.status == FOUND:
-            if self.lower is not None and self.upper is not None and self.lower != self.upper:
-                return f"≈ {_fmt_c(self.concurrency)} (between {_fmt_c(self.lower)} " \
-                       f"and {_fmt_c(self.upper)})"
-            return f"{_fmt_c(self.concurrency)}"
-        if self.status == BELOW and self.kind == "slo":
-            return f"none (missed at c={_fmt_c(self.concurrency)}, the lowest step)"
-        if self.status == BELOW:
-            return f"≤ {_fmt_c(self.concurrency)} (lowest step)"
-        if self.status == NOT_REACHED:
-            return f"not reached (up to {_fmt_c(self.upper)})" if self.upper else "not reached"
-        if self.status == NO_SLO:
-            return "no SLO set"
-        return "no data"
-
-
-def _fmt_c(c: float | None) -> str:
-    if c is None or not math.isfinite(c):
-        return "-"
-    return f"{c:.0f}" if abs(c - round(c)) < 0.05 else f"{c:.1f}"
-
-
-def _n(x: float) -> str:
-    """A measured figure for evidence text: 4 significant digits, no exponent."""
-    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
-
-
-def _log_interp(c0: float, c1: float, y0: float, y1: float, target: float) -> float:
-    """The concurrency between c0 and c1 where y (linear in log2 c) reaches ``target``."""
-    if y1 == y0:
-        return c1
-    f = min(1.0, max(0.0, (target - y0) / (y1 - y0)))
-    return float(2 ** (math.log2(c0) + f * (math.log2(c1) - math.log2(c0))))
-
-
-def _ok(v) -> bool:
-    return v is not None and not (isinstance(v, float) and math.isnan(v)) and np.isfinite(v)
-
-
-def _rse(row, col: str) -> float:
-    v = row.get(col) if hasattr(row, "get") else None
-    return float(v) if _ok(v) else 0.0
+__all__ = ["BELOW", "FLAT_TOL", "FOUND", "MIN_TOL", "NO_DATA", "NO_SLO", "NOT_ENOUGH",
+           "NOT_REACHED", "RISE_TOL", "BreakPoint", "Speedup", "advantage", "crossover",
+           "find_all", "first_supported", "knee", "max_goodput", "past_saturation",
+           "ratios", "resolution", "slo_break", "speedup_at"]
 
 
 # --- crossover ------------------------------------------------------------------------------
@@ -106,199 +66,114 @@ METRICS = {  # name: (column, higher_is_better, rse column, label)
 }
 
 
+def ratios(table: pd.DataFrame, workload: str, metric: str, arm: str = "spec",
+           baseline: str = "base", min_requests: int = MIN_REQUESTS_PER_STEP) -> list[Ratio]:
+    """Speculation's ratio over the baseline (> 1: better) at every step both arms measured."""
+    col, higher, rse_col, _ = METRICS[metric]
+    t = table[table.workload == workload]
+    s = t[t.arm == arm].drop_duplicates("concurrency").set_index("concurrency")
+    b = t[t.arm == baseline].drop_duplicates("concurrency").set_index("concurrency")
+    out = [ev.ratio(s.loc[c], b.loc[c], col, higher, float(c), min_requests, rse_col)
+           for c in sorted(set(s.index) & set(b.index))]
+    return [r for r in out if r.value is not None]
+
+
 def advantage(table: pd.DataFrame, workload: str, metric: str, arm: str = "spec",
-              baseline: str = "base") -> pd.DataFrame:
+              baseline: str = "base", min_requests: int = MIN_REQUESTS_PER_STEP) -> pd.DataFrame:
     """Per concurrency both arms measured: speculation's relative advantage ``a`` and ``tol``.
 
     a > 0: speculation better (TPOT: base/spec − 1; throughput: spec/base − 1).
-    tol = max(MIN_TOL, 2·√(rse_spec² + rse_base²)): the band of "no clear difference".
+    tol = max(MIN_TOL, 2·√(rse_spec² + rse_base²)): the band of "no clear difference" used
+    when the table has no intervals; ``low``/``high``: the ratio's 95 % interval (or NaN),
+    ``n_spec``/``n_base``: successful requests, ``thin``: under ``min_requests`` in an arm.
     """
-    col, higher, rse_col, _ = METRICS[metric]
+    col, higher, _, _ = METRICS[metric]
     t = table[table.workload == workload]
-    s = t[t.arm == arm].set_index("concurrency")
-    b = t[t.arm == baseline].set_index("concurrency")
     rows = []
-    for c in sorted(set(s.index) & set(b.index)):
-        vs, vb = s.at[c, col], b.at[c, col]
-        if not (_ok(vs) and _ok(vb)) or vs <= 0 or vb <= 0:
-            continue
-        a = vs / vb - 1 if higher else vb / vs - 1
-        noise = 2 * math.hypot(_rse(s.loc[c], rse_col), _rse(b.loc[c], rse_col))
-        rows.append({"concurrency": float(c), "spec": float(vs), "base": float(vb),
-                     "a": float(a), "tol": max(MIN_TOL, noise)})
-    return pd.DataFrame(rows, columns=["concurrency", "spec", "base", "a", "tol"])
+    for r in ratios(table, workload, metric, arm, baseline, min_requests):
+        vs = float(t[(t.arm == arm) & (t.concurrency == r.concurrency)][col].iloc[0])
+        vb = float(t[(t.arm == baseline) & (t.concurrency == r.concurrency)][col].iloc[0])
+        rows.append({"concurrency": r.concurrency, "spec": vs, "base": vb, "a": r.value - 1,
+                     "tol": r.tol, "low": r.low, "high": r.high, "n_spec": r.n_spec,
+                     "n_base": r.n_base, "thin": r.thin})
+    return pd.DataFrame(rows, columns=["concurrency", "spec", "base", "a", "tol", "low", "high",
+                                       "n_spec", "n_base", "thin"])
+
+
+def _thin_note(rs: list[Ratio], min_requests: int) -> tuple[str, ...]:
+    thin = [r for r in rs if r.thin]
+    if not thin:
+        return ()
+    return (f"left out for too few requests (under {min_requests} successful per arm): "
+            + "; ".join(f"c={_fmt_c(r.concurrency)} ({r.counts()})" for r in thin),)
+
+
+def _step_basis(r: Ratio) -> str:
+    return f"c={_fmt_c(r.concurrency)}: {r.value:.2f}× ({r.evidence()})"
 
 
 def crossover(table: pd.DataFrame, workload: str, metric: str = "tpot",
-              arm: str = "spec", baseline: str = "base") -> BreakPoint:
+              arm: str = "spec", baseline: str = "base",
+              min_requests: int = MIN_REQUESTS_PER_STEP) -> BreakPoint:
     """The lowest concurrency from which speculation is no better than the baseline."""
     kind = f"crossover_{metric}"
     label = METRICS[metric][3]
-    adv = advantage(table, workload, metric, arm, baseline)
-    if adv.empty:
+    every = ratios(table, workload, metric, arm, baseline, min_requests)
+    adv = advantage(table, workload, metric, arm, baseline, min_requests)
+    if not every:
         return BreakPoint(kind, workload, None, NO_DATA, None,
                           evidence=f"no concurrency with both arms measured ({label})")
-    cs, a, tol = adv.concurrency.tolist(), adv.a.tolist(), adv.tol.tolist()
+    use = [r for r in every if not r.thin]
+    thin_note = _thin_note(every, min_requests)
+    if not use:
+        basis = "; ".join(f"c={_fmt_c(r.concurrency)}: {r.evidence()}" for r in every)
+        return BreakPoint(kind, workload, None, NOT_ENOUGH, None, every[0].concurrency,
+                          every[-1].concurrency,
+                          evidence=f"no step has {min_requests} successful requests in both "
+                                   f"arms ({label})", basis=basis)
+    cs = [r.concurrency for r in use]
+    a = [r.value - 1 for r in use]
+    vals = adv.set_index("concurrency")
 
     def show(i: int) -> str:
-        return (f"c={_fmt_c(cs[i])}: spec {_n(adv.spec[i])} vs base {_n(adv.base[i])} "
-                f"({a[i]:+.1%})")
+        return (f"c={_fmt_c(cs[i])}: spec {_n(vals.spec[cs[i]])} vs base "
+                f"{_n(vals.base[cs[i]])} ({a[i]:+.1%}; {use[i].evidence()})")
 
-    j = next((i for i in range(len(cs))
-              if a[i] <= 0 and all(a[k] <= tol[k] for k in range(i + 1, len(cs)))), None)
-    notes = tuple(f"speculation dipped to no better at c={_fmt_c(cs[i])} ({a[i]:+.1%}) but "
-                  f"was clearly ahead again at a higher step (noise?)"
-                  for i in range(len(cs) if j is None else j) if a[i] <= 0)
+    def ahead_later(i: int) -> bool:
+        return any(use[k].judgement == ev.AHEAD for k in range(i + 1, len(use)))
+
+    j = next((i for i in range(len(use)) if a[i] <= 0 and not ahead_later(i)), None)
+    notes = thin_note + tuple(
+        f"speculation dipped to no better at c={_fmt_c(cs[i])} ({a[i]:+.1%}) but was clearly "
+        f"ahead again at a higher step (noise?)"
+        for i in range(len(cs) if j is None else j) if a[i] <= 0)
+    rests = [len(use) - 1] if j is None else [0] if j == 0 else [j - 1, j]
+    basis = "; ".join(_step_basis(use[i]) for i in rests)
+    unclear = [use[i] for i in rests if use[i].judgement == ev.UNRESOLVED]
+    if unclear:
+        return BreakPoint(kind, workload, None, NOT_ENOUGH, None, cs[0], cs[-1],
+                          evidence=f"{label}: the interval at "
+                                   f"{', '.join(f'c={_fmt_c(r.concurrency)}' for r in unclear)}"
+                                   f" cannot tell speculation from the baseline; "
+                                   + "; ".join(show(i) for i in rests),
+                          notes=notes, basis=basis)
     if j is None:
         last = len(cs) - 1
-        close = (" — within noise at the highest step" if a[last] <= tol[last] else "")
+        close = (" — within noise at the highest step"
+                 if use[last].judgement != ev.AHEAD else "")
         return BreakPoint(kind, workload, None, NOT_REACHED, None, cs[0], cs[last],
                           evidence=f"speculation ahead on {label} at every step up to "
-                                   f"c={_fmt_c(cs[last])}; {show(last)}{close}", notes=notes)
+                                   f"c={_fmt_c(cs[last])}; {show(last)}{close}", notes=notes,
+                          basis=basis)
+    lowest = "the lowest step" + (" with enough data" if thin_note else "")
     if j == 0:
         return BreakPoint(kind, workload, None, BELOW, cs[0], cs[0], cs[0],
-                          evidence=f"speculation no better on {label} already at the lowest "
-                                   f"step; {show(0)}", notes=notes)
+                          evidence=f"speculation no better on {label} already at {lowest}; "
+                                   f"{show(0)}", notes=notes, basis=basis)
     c = _log_interp(cs[j - 1], cs[j], a[j - 1], a[j], 0.0)
     return BreakPoint(kind, workload, None, FOUND, c, cs[j - 1], cs[j],
                       evidence=f"{label}: {show(j - 1)}; {show(j)}; "
-                               f"interpolated zero at c≈{_fmt_c(c)}", notes=notes)
-
-
-# --- SLO break point ------------------------------------------------------------------------
-def slo_break(table: pd.DataFrame, workload: str, arm: str, slo: SLO) -> BreakPoint:
-    """The highest concurrency meeting every SLO (interpolated towards the first miss)."""
-    s = _series(table, workload, arm)
-    if not slo.any:
-        return BreakPoint("slo", workload, arm, NO_SLO, None, evidence="no SLO was set")
-    if s.empty:
-        return BreakPoint("slo", workload, arm, NO_DATA, None, evidence="no steps measured")
-    rows = s.to_dict("records")
-    misses = [slo.violations(r) for r in rows]
-    cs = [float(r["concurrency"]) for r in rows]
-    j = next((i for i, m in enumerate(misses) if m), None)
-    if j is None:
-        return BreakPoint("slo", workload, arm, NOT_REACHED, None, cs[0], cs[-1],
-                          evidence=f"every SLO ({slo.describe()}) met at every step up to "
-                                   f"c={_fmt_c(cs[-1])}")
-    what = "; ".join(_miss(rows[j], m, slo) for m in misses[j])
-    later = [cs[i] for i in range(j + 1, len(rows)) if not misses[i]]
-    notes = ((f"met again at c={', '.join(_fmt_c(c) for c in later)} (noise?)",)
-             if later else ())
-    if j == 0:
-        return BreakPoint("slo", workload, arm, BELOW, cs[0], cs[0], cs[0],
-                          evidence=f"SLO missed already at the lowest step c={_fmt_c(cs[0])}: "
-                                   f"{what}", notes=notes)
-    lo, hi = rows[j - 1], rows[j]
-    limits = {**slo.thresholds, "error_rate": slo.max_error_rate}
-    crossings = []
-    for m in misses[j]:
-        y0, y1 = lo.get(m), hi.get(m)
-        if _ok(y0) and _ok(y1) and y1 > y0:
-            crossings.append(_log_interp(cs[j - 1], cs[j], float(y0), float(y1), limits[m]))
-        else:  # no figure at the miss (e.g. nothing succeeded): the step itself bounds it
-            crossings.append(cs[j - 1])
-    c = min(crossings)
-    return BreakPoint("slo", workload, arm, FOUND, c, cs[j - 1], cs[j],
-                      evidence=f"all SLOs met at c={_fmt_c(cs[j - 1])}; at c={_fmt_c(cs[j])} "
-                               f"{what}", notes=notes)
-
-
-def _miss(row: dict, col: str, slo: SLO) -> str:
-    if col == "error_rate":
-        return f"error rate {float(row[col]):.1%} > {slo.max_error_rate:.0%}"
-    v = row.get(col)
-    shown = f"{_n(float(v))} ms" if _ok(v) else "no successful request"
-    return f"{col.replace('_ms', '').replace('_', ' ')} {shown} > {slo.thresholds[col]:g} ms"
-
-
-# --- saturation knee ------------------------------------------------------------------------
-def knee(table: pd.DataFrame, workload: str, arm: str, flat_tol: float = FLAT_TOL,
-         rise_tol: float = RISE_TOL, latency: str = "e2el_p50_ms") -> BreakPoint:
-    """Where throughput stops growing while latency keeps rising.
-
-    The plateau starts at the first step i (not the last) after which no step's throughput
-    exceeds step i's by more than ``flat_tol`` while latency at the last step is more than
-    ``rise_tol`` above step i's. The knee is interpolated between step i−1 and step i where
-    throughput reaches the plateau's maximum / (1 + flat_tol).
-    """
-    s = _series(table, workload, arm)
-    s = s[s.output_tokens_per_s.notna() & (s.output_tokens_per_s > 0)]
-    if len(s) < 2:
-        return BreakPoint("knee", workload, arm, NO_DATA if s.empty else NOT_REACHED, None,
-                          upper=float(s.concurrency.iloc[-1]) if len(s) else None,
-                          evidence="fewer than two steps with throughput")
-    cs = s.concurrency.astype(float).tolist()
-    tp = s.output_tokens_per_s.astype(float).tolist()
-    lat = s[latency].astype(float).tolist()
-    notes = []
-    for i in range(len(cs) - 1):
-        flat = all(tp[k] <= (1 + flat_tol) * tp[i] for k in range(i + 1, len(cs)))
-        if not flat:
-            continue
-        rising = _ok(lat[i]) and _ok(lat[-1]) and lat[-1] > (1 + rise_tol) * lat[i]
-        if not rising:
-            notes.append(f"throughput flat from c={_fmt_c(cs[i])} but latency not rising "
-                         f"(client-bound?)")
-            continue
-        plateau = max(tp[i:])
-        evidence = (f"throughput {_n(tp[i])} tok/s at c={_fmt_c(cs[i])} and at most "
-                    f"{_n(max(tp[i + 1:]))} beyond (≤ +{flat_tol:.0%}), while "
-                    f"{latency.replace('_ms', '').replace('_', ' ')} rose "
-                    f"{_n(lat[i])} → {_n(lat[-1])} ms by c={_fmt_c(cs[-1])}")
-        if i == 0:
-            return BreakPoint("knee", workload, arm, BELOW, cs[0], cs[0], cs[0], plateau,
-                              evidence=evidence, notes=tuple(notes))
-        c = _log_interp(cs[i - 1], cs[i], tp[i - 1], tp[i], plateau / (1 + flat_tol))
-        return BreakPoint("knee", workload, arm, FOUND, c, cs[i - 1], cs[i], plateau,
-                          evidence=evidence, notes=tuple(notes))
-    growth = tp[-1] / tp[-2] - 1
-    return BreakPoint("knee", workload, arm, NOT_REACHED, None, cs[0], cs[-1], max(tp),
-                      evidence=f"throughput still growing at the highest step "
-                               f"({growth:+.0%} from c={_fmt_c(cs[-2])} to c={_fmt_c(cs[-1])})",
-                      notes=tuple(notes))
-
-
-def past_saturation(series: pd.DataFrame, patience: int = 2, flat_tol: float = FLAT_TOL,
-                    rise_tol: float = RISE_TOL, latency: str = "e2el_p50_ms") -> str | None:
-    """Why a running series may stop, or None.
-
-    "Clearly past saturation": at least ``patience + 2`` steps measured (a curve, not a
-    couple of noisy points), ``patience`` of them beyond the knee, and latency at the last
-    step at least double the knee step's while throughput stayed flat.
-    """
-    if len(series) < patience + 2:
-        return None
-    workload, arm = series.workload.iloc[0], series.arm.iloc[0]
-    bp = knee(series, workload, arm, flat_tol, rise_tol, latency)
-    if bp.status not in (FOUND, BELOW):
-        return None
-    s = series.sort_values("concurrency")
-    beyond = s[s.concurrency > bp.upper]
-    at_knee = s[s.concurrency == bp.upper][latency]
-    if len(beyond) < patience or at_knee.empty:
-        return None
-    if not float(beyond[latency].iloc[-1]) >= 2 * float(at_knee.iloc[0]):
-        return None
-    return (f"past saturation: knee ≈ c={_fmt_c(bp.concurrency)}, {len(beyond)} steps beyond "
-            f"it with flat throughput and latency at least doubled ({bp.evidence})")
-
-
-# --- goodput and speedup --------------------------------------------------------------------
-def max_goodput(table: pd.DataFrame, workload: str, arm: str,
-                flat_tol: float = FLAT_TOL) -> BreakPoint:
-    s = _series(table, workload, arm)
-    s = s[s.goodput_rps.notna()]
-    if s.empty:
-        return BreakPoint("max_goodput", workload, arm, NO_DATA, None,
-                          evidence="no step with goodput")
-    i = int(np.argmax(s.goodput_rps.to_numpy()))
-    c, g = float(s.concurrency.iloc[i]), float(s.goodput_rps.iloc[i])
-    notes = ()
-    if i == len(s) - 1 and len(s) > 1 and g > (1 + flat_tol) * float(s.goodput_rps.iloc[-2]):
-        notes = ("still rising at the highest step: a higher load may give more",)
-    return BreakPoint("max_goodput", workload, arm, FOUND, c, c, c, g,
-                      evidence=f"{g:.3g} req/s meeting every SLO at c={_fmt_c(c)}", notes=notes)
+                               f"interpolated zero at c≈{_fmt_c(c)}", notes=notes, basis=basis)
 
 
 @dataclass(frozen=True)
@@ -310,10 +185,19 @@ class Speedup:
     e2el: float | None  # base E2EL p50 / spec E2EL p50
     acceptance_rate: float | None
     mean_accepted_length: float | None
+    tpot_ratio: Ratio | None = None  # the TPOT speedup with its requests and interval
+    throughput_ratio: Ratio | None = None
+
+    @property
+    def enough(self) -> bool:
+        """The TPOT speedup (the headline) rests on enough requests and tells itself from
+        1.0× (the throughput ratio says for itself whether it does)."""
+        return self.tpot_ratio is not None and self.tpot_ratio.resolved
 
 
 def speedup_at(table: pd.DataFrame, workload: str, concurrency: float | None = 1,
-               arm: str = "spec", baseline: str = "base") -> Speedup:
+               arm: str = "spec", baseline: str = "base",
+               min_requests: int = MIN_REQUESTS_PER_STEP) -> Speedup:
     """Measured speedup at ``concurrency`` (default 1; the lowest common step if absent)."""
     t = table[table.workload == workload]
     s, b = t[t.arm == arm].set_index("concurrency"), t[t.arm == baseline].set_index("concurrency")
@@ -325,28 +209,43 @@ def speedup_at(table: pd.DataFrame, workload: str, concurrency: float | None = 1
 
     def ratio(num, den):
         return float(num) / float(den) if _ok(num) and _ok(den) and float(den) > 0 else None
+    tpot, tput = (ev.ratio(rs, rb, col, higher, float(c), min_requests, rse)
+                  for col, higher, rse, _ in METRICS.values())
     return Speedup(workload, float(c), ratio(rb.tpot_p50_ms, rs.tpot_p50_ms),
                    ratio(rs.output_tokens_per_s, rb.output_tokens_per_s),
                    ratio(rb.e2el_p50_ms, rs.e2el_p50_ms),
                    float(rs.acceptance_rate) if _ok(rs.acceptance_rate) else None,
-                   float(rs.mean_accepted_length) if _ok(rs.mean_accepted_length) else None)
+                   float(rs.mean_accepted_length) if _ok(rs.mean_accepted_length) else None,
+                   tpot if tpot.value is not None else None,
+                   tput if tput.value is not None else None)
 
 
-def _series(table: pd.DataFrame, workload: str, arm: str) -> pd.DataFrame:
-    t = table[(table.workload == workload) & (table.arm == arm)]
-    return t.sort_values("concurrency").reset_index(drop=True)
+def first_supported(table: pd.DataFrame, workload: str,
+                    min_requests: int = MIN_REQUESTS_PER_STEP) -> Speedup | None:
+    """The speedup at the lowest step both arms ran whose TPOT speedup rests on enough requests
+    and tells itself from 1.0× (``Speedup.enough``), or None."""
+    t = table[table.workload == workload]
+    cs = sorted(set(t[t.arm == "spec"].concurrency) & set(t[t.arm == "base"].concurrency))
+    for c in cs:
+        s = speedup_at(table, workload, c, min_requests=min_requests)
+        if s.enough:
+            return s
+    return None
 
 
 def find_all(table: pd.DataFrame, slo: SLO, workloads: list[str] | None = None,
-             arms: tuple[str, ...] = ("spec", "base")) -> list[BreakPoint]:
+             arms: tuple[str, ...] = ("spec", "base"),
+             min_requests: int = MIN_REQUESTS_PER_STEP) -> list[BreakPoint]:
     """Every break point of every workload: crossovers, then per arm SLO, knee, max goodput."""
     out: list[BreakPoint] = []
+    m = min_requests
     for w in workloads or list(dict.fromkeys(table.workload)):
-        out += [crossover(table, w, "tpot"), crossover(table, w, "throughput")]
+        out += [crossover(table, w, "tpot", min_requests=m),
+                crossover(table, w, "throughput", min_requests=m)]
         for arm in arms:
             if ((table.workload == w) & (table.arm == arm)).any():
-                out += [slo_break(table, w, arm, slo), knee(table, w, arm),
-                        max_goodput(table, w, arm)]
+                out += [slo_break(table, w, arm, slo, m), knee(table, w, arm, min_requests=m),
+                        max_goodput(table, w, arm, min_requests=m)]
     return out
 
 

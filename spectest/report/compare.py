@@ -1,13 +1,15 @@
 """``spectest compare DIR_A DIR_B``: what changed between two sweeps, with the plots overlaid.
 
 Typical use: the same sweep before and after a new draft model, a new K, or a server upgrade.
-For every workload both sweeps measured it tabulates A → B: speedup at concurrency 1,
-acceptance and mean accepted length, both crossovers, and per arm the SLO break point, the
-saturation knee and the best goodput; then per common concurrency the change in speculative
-TPOT p50 and throughput. The figures are the report's, with both sweeps on the same axes
-(A solid, B dashed). Output: ``compare.md``, a self-contained ``compare.html`` and ``plots/``.
+For every workload both sweeps measured it tabulates A → B: speedup at concurrency 1 (with the
+requests behind it and its interval, or "not enough data"), acceptance and mean accepted
+length, both crossovers, and per arm the SLO break point, the saturation knee and the best
+goodput, each with what it rests on; the cheapest cost per 1M output tokens per arm and the
+saving from speculation; then per common concurrency the change in speculative TPOT p50 and
+throughput. The figures are the report's, with both sweeps on the same axes (A solid, B
+dashed). Output: ``compare.md``, a self-contained ``compare.html`` and ``plots/``.
 
-It reads two sweep folders and writes files; numbers come from ``breakpoints``.
+It reads two sweep folders and writes files; numbers come from ``sections.analyse``.
 """
 
 from __future__ import annotations
@@ -16,18 +18,22 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from spectest.report import breakpoints as bpm
+from spectest.report import evidence as ev
 from spectest.report import plots
-from spectest.report.render import (
+from spectest.report.cost import CostInputs, assumptions
+from spectest.report.cost_section import compare_rows
+from spectest.report.document import (
     Bullets,
     Image,
     Section,
     Table,
-    _x,
     atomic_write,
     fmt,
     to_html,
     to_markdown,
 )
+from spectest.report.plots_cost import cost_figure
+from spectest.report.sections import Analysis, analyse, with_options
 from spectest.report.table import Sweep, load_sweep
 
 
@@ -57,20 +63,33 @@ def _change(a, b) -> str:
     return fmt((fb / fa - 1) if fa else None, "+.0%")
 
 
-def changes(a: Sweep, b: Sweep) -> tuple[list[list[str]], list[list[str]], list[str]]:
+def _ratio_change(ra: ev.Ratio | None, rb: ev.Ratio | None) -> str:
+    """The change only when both sides are stated (not "not enough data")."""
+    if ra is None or rb is None or not (ra.resolved and rb.resolved):
+        return "–"
+    return _change(ra.value, rb.value)
+
+
+def _text(r: ev.Ratio | None) -> str:
+    return r.text() if r is not None else "no data"
+
+
+def changes(a: Analysis, b: Analysis) -> tuple[list[list[str]], list[list[str]], list[str]]:
     """(summary rows, per-step rows, one-line summaries) for the workloads both measured."""
-    fa = bpm.find_all(a.table, a.slo, a.workloads)
-    fb = bpm.find_all(b.table, b.slo, b.workloads)
-    ia = {(x.workload, x.kind, x.arm): x for x in fa}
-    ib = {(x.workload, x.kind, x.arm): x for x in fb}
-    common = [w for w in a.workloads if w in b.workloads]
+    ia = {(x.workload, x.kind, x.arm): x for x in a.found}
+    ib = {(x.workload, x.kind, x.arm): x for x in b.found}
+    ta, tb = a.sweep.table, b.sweep.table
+    common = [w for w in a.sweep.workloads if w in b.sweep.workloads]
     summary, steps, lines = [], [], []
     for w in common:
-        sa, sb = bpm.speedup_at(a.table, w), bpm.speedup_at(b.table, w)
+        sa = bpm.speedup_at(ta, w, min_requests=a.min_requests)
+        sb = bpm.speedup_at(tb, w, min_requests=b.min_requests)
         summary += [
-            [w, "TPOT speedup at c=1", _x(sa.tpot), _x(sb.tpot), _change(sa.tpot, sb.tpot)],
-            [w, "throughput ratio at c=1", _x(sa.throughput), _x(sb.throughput),
-             _change(sa.throughput, sb.throughput)],
+            [w, "TPOT speedup at c=1", _text(sa.tpot_ratio), _text(sb.tpot_ratio),
+             _ratio_change(sa.tpot_ratio, sb.tpot_ratio)],
+            [w, "throughput ratio at c=1", _text(sa.throughput_ratio),
+             _text(sb.throughput_ratio),
+             _ratio_change(sa.throughput_ratio, sb.throughput_ratio)],
             [w, "acceptance rate", fmt(sa.acceptance_rate, ".2f"), fmt(sb.acceptance_rate, ".2f"),
              _change(sa.acceptance_rate, sb.acceptance_rate)],
             [w, "mean accepted length", fmt(sa.mean_accepted_length, ".2f"),
@@ -79,58 +98,84 @@ def changes(a: Sweep, b: Sweep) -> tuple[list[list[str]], list[list[str]], list[
         for kind, name in (("crossover_tpot", "crossover (TPOT)"),
                            ("crossover_throughput", "crossover (throughput)")):
             x, y = ia[(w, kind, None)], ib[(w, kind, None)]
-            summary.append([w, name, x.headline(), y.headline(),
+            summary.append([w, name, x.summary(), y.summary(),
                             _change(x.concurrency, y.concurrency)])
         for arm in ("spec", "base"):
             if (w, "slo", arm) not in ia or (w, "slo", arm) not in ib:
                 continue
             for kind, name in (("slo", "SLO break point"), ("knee", "saturation knee")):
                 x, y = ia[(w, kind, arm)], ib[(w, kind, arm)]
-                summary.append([w, f"{name} · {plots.ARM_LABELS[arm]}", x.headline(),
-                                y.headline(), _change(x.concurrency, y.concurrency)])
+                summary.append([w, f"{name} · {plots.ARM_LABELS[arm]}", x.summary(),
+                                y.summary(), _change(x.concurrency, y.concurrency)])
             x, y = ia[(w, "max_goodput", arm)], ib[(w, "max_goodput", arm)]
-            summary.append([w, f"max goodput · {plots.ARM_LABELS[arm]}",
-                            f"{fmt(x.metric, '.3g')} req/s", f"{fmt(y.metric, '.3g')} req/s",
-                            _change(x.metric, y.metric)])
-        sa_s, sb_s = a.series(w, "spec").set_index("concurrency"), \
-            b.series(w, "spec").set_index("concurrency")
+            summary.append([w, f"max goodput · {plots.ARM_LABELS[arm]}", _goodput(x),
+                            _goodput(y), _change(x.metric, y.metric)])
+        sa_s = a.sweep.series(w, "spec").set_index("concurrency")
+        sb_s = b.sweep.series(w, "spec").set_index("concurrency")
         for c in sorted(set(sa_s.index) & set(sb_s.index)):
             ra, rb = sa_s.loc[c], sb_s.loc[c]
-            steps.append([w, fmt(c, "g"), fmt(ra.tpot_p50_ms, ".1f"), fmt(rb.tpot_p50_ms, ".1f"),
-                          _change(ra.tpot_p50_ms, rb.tpot_p50_ms),
+            steps.append([w, fmt(c, "g"), _n(ra), _n(rb), fmt(ra.tpot_p50_ms, ".1f"),
+                          fmt(rb.tpot_p50_ms, ".1f"), _change(ra.tpot_p50_ms, rb.tpot_p50_ms),
                           fmt(ra.output_tokens_per_s, ".0f"), fmt(rb.output_tokens_per_s, ".0f"),
                           _change(ra.output_tokens_per_s, rb.output_tokens_per_s),
                           fmt(ra.acceptance_rate, ".2f"), fmt(rb.acceptance_rate, ".2f")])
         ct_a, ct_b = ia[(w, "crossover_tpot", None)], ib[(w, "crossover_tpot", None)]
-        lines.append(f"{w}: TPOT speedup at c=1 {_arrow(_x(sa.tpot), _x(sb.tpot))}; acceptance "
+        tpot = _arrow(_text(sa.tpot_ratio), _text(sb.tpot_ratio))
+        lines.append(f"{w}: TPOT speedup at c=1 {tpot}; acceptance "
                      f"{_arrow(fmt(sa.acceptance_rate, '.2f'), fmt(sb.acceptance_rate, '.2f'))};"
-                     f" crossover (TPOT) {_arrow(ct_a.headline(), ct_b.headline())}")
-    only = sorted(set(a.workloads) ^ set(b.workloads))
+                     f" crossover (TPOT) {_arrow(ct_a.summary(), ct_b.summary())}")
+    only = sorted(set(a.sweep.workloads) ^ set(b.sweep.workloads))
     if only:
         lines.append(f"measured in only one sweep (not compared): {', '.join(only)}")
     return summary, steps, lines
 
 
-def compare(dir_a: str | Path, dir_b: str | Path, out: str | Path) -> Compared:
+def _goodput(bp: bpm.BreakPoint) -> str:
+    if bp.status != bpm.FOUND:
+        return bp.headline()
+    return f"{fmt(bp.metric, '.3g')} req/s at c={fmt(bp.concurrency, 'g')} — {bp.basis}"
+
+
+def _n(row) -> str:
+    n = ev.successful(row)
+    return "?" if n is None else str(n)
+
+
+def compare(dir_a: str | Path, dir_b: str | Path, out: str | Path,
+            min_requests: int | None = None, cost: CostInputs | None = None) -> Compared:
     a, b = _labels(load_sweep(dir_a), load_sweep(dir_b))
+    a, b = (with_options(s, None, min_requests, cost) for s in (a, b))
+    an_a, an_b = analyse(a), analyse(b)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    fa = bpm.find_all(a.table, a.slo, a.workloads)
-    fb = bpm.find_all(b.table, b.slo, b.workloads)
-    figures = plots.plot_all([a, b], [fa, fb], out / "plots")
-    summary, steps, lines = changes(a, b)
+    figures = plots.plot_all([a, b], [list(an_a.found), list(an_b.found)], out / "plots",
+                             an_b.min_requests)
+    fig = cost_figure([a, b], [list(an_a.costs), list(an_b.costs)], [an_a.inputs, an_b.inputs],
+                      out / "plots" / "cost.png")
+    if fig is not None:
+        figures["cost"] = fig
+    summary, steps, lines = changes(an_a, an_b)
+    cost_rows = compare_rows(list(an_a.costs), list(an_b.costs), an_b.inputs)
     title = f"spectest compare — {a.label} vs {b.label}"
     sections = [
         Section("What changed", [Bullets(lines) if lines else "No workload in common.",
                                  f"A = {a.folder} ({a.info.get('status', '?')}), "
                                  f"B = {b.folder} ({b.info.get('status', '?')}). SLOs: A "
-                                 f"{a.slo.describe()}; B {b.slo.describe()}."]),
+                                 f"{a.slo.describe()}; B {b.slo.describe()}.",
+                                 ev.method_text(an_b.min_requests)]
+                + [n for n in (ev.interval_note(a.table),
+                               ev.interval_note(b.table)) if n][:1]),
         Section("Break points and speedup, A → B",
                 [Table(["workload", "figure", a.label, b.label, "change"], summary)]),
+        Section("Cost per 1M output tokens, A → B",
+                [Table(["workload", "figure", a.label, b.label, "change"], cost_rows)
+                 if cost_rows else "No workload with a cost in both sweeps.",
+                 "Assumptions:",
+                 Bullets(assumptions(an_b.inputs, b.slo, an_b.min_requests))]),
         Section("Speculative arm per concurrency, A → B", [Table(
-            ["workload", "c", f"TPOT p50 {a.label}", f"TPOT p50 {b.label}", "change",
-             f"tok/s {a.label}", f"tok/s {b.label}", "change", f"acceptance {a.label}",
-             f"acceptance {b.label}"], steps)]),
+            ["workload", "c", f"n {a.label}", f"n {b.label}", f"TPOT p50 {a.label}",
+             f"TPOT p50 {b.label}", "change", f"tok/s {a.label}", f"tok/s {b.label}", "change",
+             f"acceptance {a.label}", f"acceptance {b.label}"], steps)]),
         Section("Figures (A solid, B dashed)",
                 [Image(p, "K advisor of B" if name == "k_advisor" else name.replace("_", " "))
                  for name, p in figures.items()]),

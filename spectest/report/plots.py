@@ -1,7 +1,8 @@
 """The report's PNGs (matplotlib, Agg): one figure per question, one panel per workload.
 
 * ``speedup.png`` — speculation's speedup over the baseline vs concurrency (TPOT and
-  throughput), green above 1, red below, crossovers marked: the figure to read first;
+  throughput) with 95 % interval bars, green above 1, red below, crossovers marked, steps with
+  too few requests hollow: the figure to read first;
 * ``throughput.png``, ``tpot.png``, ``ttft.png`` — both arms vs concurrency (p50 solid, p99
   dotted), SLO thresholds, crossovers and saturation knees marked;
 * ``acceptance.png`` — acceptance rate and mean accepted length vs concurrency per workload;
@@ -27,6 +28,7 @@ from matplotlib.ticker import FixedLocator, NullLocator
 
 from spectest.report import advisor
 from spectest.report.breakpoints import BELOW, FOUND, BreakPoint, advantage, speedup_at
+from spectest.report.evidence import MIN_REQUESTS_PER_STEP
 from spectest.report.table import Sweep
 
 ARM_COLOURS = {"spec": "#1a9850", "base": "#4d4d4d", "spec-advised": "#2166ac"}
@@ -118,7 +120,8 @@ def _legend(fig, axes) -> None:
 
 
 # --- figures --------------------------------------------------------------------------------
-def speedup(sweeps: list[Sweep], bps: list[list[BreakPoint]], path: Path) -> Path:
+def speedup(sweeps: list[Sweep], bps: list[list[BreakPoint]], path: Path,
+            min_requests: int = MIN_REQUESTS_PER_STEP) -> Path:
     fig = Figure(figsize=(11, 4.2), layout="constrained")
     axes = fig.subplots(1, 2)
     fig.suptitle("Does speculation pay? Speedup over the baseline at each load",
@@ -130,14 +133,21 @@ def speedup(sweeps: list[Sweep], bps: list[list[BreakPoint]], path: Path) -> Pat
         ys = []
         for si, s in enumerate(sweeps):
             for wi, w in enumerate(s.workloads):
-                adv = _advantage(s, w, metric)
-                if adv is None:
+                adv = advantage(s.table, w, metric, min_requests=min_requests)
+                if adv.empty:
                     continue
                 colour = WORKLOAD_COLOURS[wi % len(WORKLOAD_COLOURS)]
                 label = f"{s.label}: {w}" if len(sweeps) > 1 else w
-                ax.plot(adv[0], adv[1], marker="o", color=colour, ls=STYLES[si % 3], lw=2,
-                        label=label)
-                ys += list(adv[1])
+                x, y = adv.concurrency.to_numpy(), (1 + adv.a).to_numpy()
+                lo = (y - adv.low.astype(float)).fillna(0).to_numpy()
+                hi = (adv.high.astype(float) - y).fillna(0).to_numpy()
+                ax.errorbar(x, y, yerr=[lo, hi], marker="o", color=colour, ls=STYLES[si % 3],
+                            lw=2, capsize=3, label=label)
+                thin = adv.thin.to_numpy(dtype=bool)
+                if thin.any():
+                    ax.plot(x[thin], y[thin], marker="o", ms=10, ls="none", mfc="white",
+                            mec=colour, mew=1.8, zorder=5)
+                ys += list(y) + list(adv.low.dropna()) + list(adv.high.dropna())
                 for bp in bps[si]:
                     if bp.workload == w and bp.kind == kind and bp.status == FOUND:
                         ax.plot([bp.concurrency], [1.0], marker="X", ms=11, color=colour,
@@ -158,16 +168,9 @@ def speedup(sweeps: list[Sweep], bps: list[list[BreakPoint]], path: Path) -> Pat
                 fontsize=8, color="#d73027")
         ax.set_ylabel(ylabel, fontsize=9)
         _concurrency_axis(ax, sweeps)
-    axes[0].legend(fontsize=8, loc="best", title="workload (X = crossover)",
+    axes[0].legend(fontsize=8, loc="best", title="workload (X crossover, ○ too few requests)",
                    title_fontsize=8, handlelength=3.5)
     return _save(fig, path)
-
-
-def _advantage(s: Sweep, workload: str, metric: str):
-    adv = advantage(s.table, workload, metric)
-    if adv.empty:
-        return None
-    return adv.concurrency.to_numpy(), (1 + adv.a).to_numpy()
 
 
 def arms_vs_concurrency(sweeps: list[Sweep], bps: list[list[BreakPoint]], path: Path, *,
@@ -305,10 +308,11 @@ def k_advisor(sweeps: list[Sweep], path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def plot_all(sweeps: list[Sweep], bps: list[list[BreakPoint]], folder: Path) -> dict[str, Path]:
+def plot_all(sweeps: list[Sweep], bps: list[list[BreakPoint]], folder: Path,
+             min_requests: int = MIN_REQUESTS_PER_STEP) -> dict[str, Path]:
     """Every figure into ``folder``; {name: path} of those drawn."""
     folder.mkdir(parents=True, exist_ok=True)
-    out = {"speedup": speedup(sweeps, bps, folder / "speedup.png"),
+    out = {"speedup": speedup(sweeps, bps, folder / "speedup.png", min_requests),
            "throughput": arms_vs_concurrency(
                sweeps, bps, folder / "throughput.png",
                title="Output throughput vs concurrency", col="output_tokens_per_s",

@@ -21,7 +21,14 @@
     output_tokens_per_s_rse,    relative standard error of the figure across sub-windows
     tpot_p50_rse                (empty with one window)
     requests_per_s, goodput_rps successful / SLO-meeting requests per second (DistServe)
+    goodput_tokens_per_s        tokens generated inside the window by requests that met every
+                                per-request SLO, per second (what the cost section prices)
     slo_attainment              share of successful requests meeting every per-request SLO
+    tpot_p50_log_se,            bootstrap standard error of the log of TPOT p50, output
+    output_tokens_per_s_log_se, tokens/s and goodput tokens/s over the step's successful
+    goodput_tokens_per_s_log_se requests (``evidence.py``; empty under 2 requests): the
+                                intervals of every ratio. Older files lack them: "interval
+                                unavailable"
     tokens_per_chunk            output tokens per streamed chunk
     acceptance_source           spectest | vllm | sglang | client | empty
     drafts, draft_tokens,       server counter deltas over the window
@@ -61,7 +68,9 @@ COLUMNS = (["workload", "arm", "concurrency", "k", "started_at", "duration_s", "
             "requests", "failures", "error_rate"]
            + [f"{m}_p{p}_ms" for m in LATENCIES for p in PERCENTILES]
            + ["tpot_mean_ms", "output_tokens", "output_tokens_per_s", "output_tokens_per_s_rse",
-              "tpot_p50_rse", "requests_per_s", "goodput_rps", "slo_attainment",
+              "tpot_p50_rse", "requests_per_s", "goodput_rps", "goodput_tokens_per_s",
+              "tpot_p50_log_se", "output_tokens_per_s_log_se", "goodput_tokens_per_s_log_se",
+              "slo_attainment",
               "tokens_per_chunk", "acceptance_source", "drafts", "draft_tokens",
               "accepted_tokens", "acceptance_rate", "mean_accepted_length", "rounds",
               "mean_batch", "draft_ms_per_round", "verify_ms_per_round", "loadavg",

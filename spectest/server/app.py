@@ -1,9 +1,12 @@
 """The OpenAI-compatible HTTP server in front of the speculative engine.
 
 Owns: routes (``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``, ``/health``,
-``/metrics``), SSE streaming, request → engine translation (tokenizing, chat template, limits),
-the per-response ``spec`` object, the ``X-Spectest-Workload`` label, API-key auth, W3C trace
-context, client-disconnect cancellation and graceful drain on shutdown.
+``/metrics``, ``/openapi.json`` — built by ``server.openapi`` — and ``/admin/speculation``,
+handled by ``server.admin``, whose applied changes it feeds to the metrics), SSE streaming,
+request → engine
+translation (tokenizing, chat template, limits), the per-response ``spec`` object, the
+``X-Spectest-Workload`` label, API-key auth, W3C trace context, client-disconnect cancellation
+and graceful drain on shutdown.
 
 Does not know: how the engine drafts or verifies. It submits :class:`GenerationRequest`s to a
 running :class:`SpecEngine` (its own thread) and receives outputs through a thread-safe
@@ -19,6 +22,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
+from functools import cached_property
 
 from aiohttp import web
 from opentelemetry.propagate import extract
@@ -27,12 +31,15 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, generate_latest
 from pydantic import ValidationError
 
+from spectest.engine.control import SpeculationChange
 from spectest.engine.engine import SpecEngine
 from spectest.engine.requests import (CapacityError, EngineError, GenerationRequest,
                                       QueueFullError, RequestOutput)
 from spectest.engine.tokenizer import ChatTemplateError
 from spectest.server import responses as R
+from spectest.server.admin import Admin
 from spectest.server.errors import APIError, error_middleware, validation_error
+from spectest.server.openapi import openapi_document
 from spectest.server.schemas import ChatCompletionRequest, CompletionRequest
 from spectest.telemetry import tracing as T
 from spectest.telemetry.metrics import ServingMetrics
@@ -50,6 +57,7 @@ class ServerConfig:
     trace_content: bool = False
     drain_seconds: float = 10.0
     retry_after_seconds: int = 1
+    admin_key: str | None = None  # None: /admin/* answers loopback peers only
 
 
 class Server:
@@ -58,6 +66,10 @@ class Server:
         self.engine, self.config, self.registry = engine, config, registry
         self.metrics = ServingMetrics(registry, config.model_name, engine.drafter.name)
         engine.add_observer(self.metrics.observe_round)
+        control = engine.control
+        self.admin = Admin(control, engine.drafter.name, config.admin_key)
+        self.metrics.observe_speculation(control.settings().enabled, control.settings().k)
+        control.listeners.append(self._speculation_changed)
         self.provider = tracer_provider
         self.tracer = tracer_provider.get_tracer("spectest.server") if tracer_provider else None
         self.round_tracer = None
@@ -78,6 +90,8 @@ class Server:
             web.get("/v1/models", self.models),
             web.post("/v1/completions", self.completions),
             web.post("/v1/chat/completions", self.chat_completions),
+            web.get("/openapi.json", self.openapi),
+            *self.admin.routes(),
         ])
         app.on_startup.append(self._start)
         app.on_shutdown.append(self._drain)
@@ -101,6 +115,9 @@ class Server:
             deadline = time.monotonic() + 2.0
             while self.active and time.monotonic() < deadline:
                 await asyncio.sleep(0.02)
+
+    def _speculation_changed(self, change: SpeculationChange) -> None:  # engine thread
+        self.metrics.observe_speculation(change.new.enabled, change.new.k, change.changed)
 
     async def _stop(self, app):
         await asyncio.to_thread(self.engine.stop)
@@ -126,6 +143,17 @@ class Server:
             "id": self.config.model_name, "object": "model", "created": self.created,
             "owned_by": "spectest", "max_model_len": self.engine.config.scheduler.max_model_len,
             "drafter": self.engine.drafter.name}]})
+
+    @cached_property
+    def openapi_document(self) -> dict:
+        return openapi_document(self.config.model_name, self.engine.tokenizer.vocab_size,
+                                api_key=bool(self.config.api_key),
+                                admin_key=bool(self.config.admin_key),
+                                k_limit=self.engine.control.k_limit)
+
+    async def openapi(self, request):
+        self._auth(request)
+        return web.json_response(self.openapi_document)
 
     # --- generation --------------------------------------------------------------------------
     async def completions(self, request):
@@ -180,6 +208,8 @@ class Server:
             data = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise APIError(400, "request body is not valid JSON", "invalid_json") from None
+        except ValueError as exc:  # an integer of more than sys.get_int_max_str_digits() digits
+            raise APIError(400, f"request body: {exc}", "invalid_json") from None
         except RecursionError:  # "[[[[…" nested deeper than the decoder's stack allows
             raise APIError(400, "request body is nested too deeply", "invalid_json") from None
         if not isinstance(data, dict):

@@ -1,6 +1,8 @@
 """OpenAI-style error responses, and the middleware that guarantees every error has one.
 
-Owns: :class:`APIError` (status + OpenAI ``type``/``code``/``param``), ``error_response``, and
+Owns: :class:`APIError` (status + OpenAI ``type``/``code``/``param``), the error body's model
+(:class:`ErrorResponse`, for ``/openapi.json``), pydantic errors as 400s whose ``param`` is a
+path like ``messages[0].content`` (:func:`validation_error`), ``error_response``, and
 ``error_middleware`` — which turns aiohttp's own HTTP errors (404 route, 405 method, 413 body
 too large) and any exception a handler lets escape into the same JSON shape, so a client
 never sees an HTML page or a dropped connection.
@@ -14,13 +16,25 @@ import logging
 from typing import Callable
 
 from aiohttp import web
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 log = logging.getLogger("spectest.server")
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
           415: "invalid_request_error", 429: "rate_limit_exceeded", 503: "service_unavailable"}
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """The body of every 4xx/5xx answer (published in ``/openapi.json``)."""
+    error: ErrorDetail
 
 
 class APIError(Exception):
@@ -42,10 +56,32 @@ def error_response(err: APIError) -> web.Response:
                              status=err.status, headers=err.headers)
 
 
+def param_path(loc: tuple, keep_last: bool = False) -> str | None:
+    """A pydantic error location as the ``param`` clients read: ``messages[0].content``.
+
+    Union-member tags, which ``schemas`` writes ``<...>``, are left out; with ``keep_last`` the
+    last item is kept whatever it is (an unknown field's name may be any string, even one with a
+    lone surrogate: it is written with a backslash escape then, as the client sent it)."""
+    parts: list[str] = []
+    for i, item in enumerate(loc):
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+            continue
+        last = keep_last and i == len(loc) - 1
+        if not last and (item == "__root__" or (item.startswith("<") and item.endswith(">"))):
+            continue
+        item = item.encode("utf-8", "backslashreplace").decode("utf-8")
+        parts.append(f".{item}" if parts else item)
+    return "".join(parts) or None
+
+
 def validation_error(exc: ValidationError) -> APIError:
-    first = exc.errors()[0]
-    param = ".".join(str(p) for p in first.get("loc", ()) if p != "__root__") or None
+    first = exc.errors(include_url=False)[0]
+    param = param_path(tuple(first.get("loc", ())), first.get("type") == "extra_forbidden")
     msg = first.get("msg", "invalid request")
+    if first.get("type") == "string_unicode":  # pydantic's own check: a key, or a bounded str
+        msg = ("text or a field name is not valid Unicode: it has a lone surrogate (JSON "
+               "\\ud800-\\udfff escapes must come in high-low pairs)")
     if first.get("type") == "extra_forbidden":
         msg = f"unknown field {param!r}"
     more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""

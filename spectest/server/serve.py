@@ -1,7 +1,9 @@
 """``spectest serve``: build the engine from CLI settings and run the HTTP server until a signal.
 
 Owns: the serve command's arguments, the start-up line, signal handling (SIGINT/SIGTERM →
-stop listening, drain in-flight requests, stop the engine, flush traces).
+stop listening, drain in-flight requests, stop the engine, flush traces), and the bounds of the
+runtime speculation switch (K up to ``max(--k, --k-max)``, reserved per sequence; runtime
+policies keep ``--k-min``, ``--confidence-threshold``, ``--profile``, ``--disable-above``).
 
 Does not know: request handling (``server.app``) or engine internals (``engine.api``).
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -20,8 +23,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, disable_created_metrics
 
 from spectest.engine.api import DRAFTERS, build_engine, resolve_model_path
+from spectest.engine.control import PolicyOptions
 from spectest.engine.engine import FAULTS
-from spectest.engine.policies import make_policy
+from spectest.engine.policies import POLICIES, make_policy
 from spectest.server.app import Server, ServerConfig
 from spectest.telemetry.tracing import build_tracer_provider
 
@@ -39,10 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--served-model-name", default=None,
                    help="the model id clients send (default: spectest-demo or the dir name)")
     p.add_argument("--k", type=int, default=4, help="draft length (initial K for adaptive)")
-    p.add_argument("--k-policy", choices=["fixed", "adaptive", "confidence", "goodput"],
-                   default="fixed")
+    p.add_argument("--k-policy", choices=POLICIES, default="fixed")
     p.add_argument("--k-min", type=int, default=1)
-    p.add_argument("--k-max", type=int, default=8)
+    p.add_argument("--k-max", type=int, default=8,
+                   help="adaptive's ceiling; K can be raised at runtime up to max(--k, --k-max)")
     p.add_argument("--confidence-threshold", type=float, default=0.5)
     p.add_argument("--profile", type=Path, default=None,
                    help="profile JSON from `spectest profile` (goodput policy)")
@@ -55,11 +59,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-waiting", type=int, default=64,
                    help="queue bound; beyond it requests get 429 with Retry-After")
     p.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY")
+    p.add_argument("--admin-key", default=None,
+                   help="open /admin/speculation to any peer presenting Authorization: Bearer "
+                        "KEY (default: loopback peers only, no key)")
     p.add_argument("--trace-file", type=Path, default=None,
                    help="write OpenTelemetry spans as JSON lines to this file")
     p.add_argument("--trace-content", action="store_true",
                    help="put prompt text in span attributes (off by default)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: one core less than this process may "
+                        "use, at least 1 — the event loop needs the other; see default_threads)")
     p.add_argument("--drain-seconds", type=float, default=10.0)
     p.add_argument("--inject-fault", action="append", default=[], choices=sorted(FAULTS),
                    help=argparse.SUPPRESS)
@@ -67,25 +76,45 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=argparse.SUPPRESS)
 
 
+def default_threads(cores: int | None = None) -> int:
+    """The engine's torch threads when ``--threads`` is not given: the usable cores minus one.
+
+    Chosen by measurement on a 2-core machine (issue 13; greedy, c=1, held-out code prompts):
+    with torch's default of 2 threads, the engine's intra-op threads and the HTTP event loop
+    fight for the same two cores, and speculation ran at 0.61–0.93× of speculation off; with 1
+    thread, at 1.44–1.49×. A verify step of K+1 rows is where the spare thread would help, and
+    it is the step that loses most when the loop is starved. On bigger machines the rule keeps
+    one core for the loop, unmeasured beyond that."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+            os.cpu_count() or 1)
+    return max(1, cores - 1)
+
+
 def build_server(args) -> Server:
     if args.inject_fault and not args.i_understand_faults_break_correctness:
         raise ValueError("--inject-fault needs --i-understand-faults-break-correctness "
                          "(faults exist only to test the auditor)")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads or default_threads())
     disable_created_metrics()  # no *_created series: they double the scrape for nothing
     policy = make_policy(args.k_policy, k=args.k, k_min=args.k_min, k_max=args.k_max,
                          threshold=args.confidence_threshold, profile=args.profile,
                          disable_above=args.disable_above)
+    k_limit = max(args.k, args.k_max)
+    runtime = PolicyOptions(k_min=args.k_min, k_max=k_limit,
+                            threshold=args.confidence_threshold, profile=args.profile,
+                            disable_above=args.disable_above)
     engine = build_engine(args.model, args.draft, args.drafter, policy,
                           max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                           max_waiting=args.max_waiting, faults=frozenset(args.inject_fault),
-                          ngram_max=args.ngram_max, ngram_min=args.ngram_min)
+                          ngram_max=args.ngram_max, ngram_min=args.ngram_min,
+                          k_reserve=k_limit, policy_options=runtime)
     name = args.served_model_name or (EMBEDDED_NAME if args.model == "embedded"
                                       else resolve_model_path(args.model).stem)
     provider = build_tracer_provider("spectest", args.trace_file)
     return Server(engine, ServerConfig(name, args.api_key, args.trace_content,
-                                       args.drain_seconds), CollectorRegistry(), provider)
+                                       args.drain_seconds, admin_key=args.admin_key),
+                  CollectorRegistry(), provider)
 
 
 async def _run(server: Server, host: str, port: int, describe: str) -> None:
@@ -95,8 +124,10 @@ async def _run(server: Server, host: str, port: int, describe: str) -> None:
     site = web.TCPSite(runner, host, port)
     await site.start()
     bound = site._server.sockets[0].getsockname()[1] if site._server else port
+    admin = "admin key" if server.config.admin_key else "loopback only"
     print(f"spectest serving {server.config.model_name!r} ({describe}) at "
-          f"http://{host}:{bound}  — OpenAI API under /v1, metrics at /metrics", flush=True)
+          f"http://{host}:{bound}  — OpenAI API under /v1, metrics at /metrics, "
+          f"speculation switch at /admin/speculation ({admin})", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -109,9 +140,12 @@ async def _run(server: Server, host: str, port: int, describe: str) -> None:
 
 def main(args) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("spectest.server.admin").setLevel(logging.INFO)  # every switch, old → new
     server = build_server(args)
     engine = server.engine
-    describe = f"drafter {engine.drafter.name}, K policy {engine.policy.name}"
+    threads = (f"{torch.get_num_threads()} torch thread(s)" + ("" if args.threads else
+               " (default: usable cores − 1, the event loop gets the other; --threads N)"))
+    describe = f"drafter {engine.drafter.name}, K policy {engine.policy.name}, {threads}"
     try:
         asyncio.run(_run(server, args.host, args.port, describe))
     except OSError as exc:

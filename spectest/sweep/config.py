@@ -6,6 +6,8 @@ embedded pair, workloads chat, code and rag, concurrency 1, 2, 4, 8, a 3.3 s war
 measured per step and arm (24 steps), then the K advisor's validation arm (4 steps): measured at
 8 min 15 s in all on the 2-core development machine while other jobs shared it.
 
+The report's flags (``--min-requests-per-step``, ``--price-per-hour``, ``--target-rps`` …,
+shared with ``spectest report``) land in ``sweep.json``'s ``config``, where the report reads them.
 It knows nothing about processes, Locust or the report's internals.
 """
 
@@ -16,7 +18,9 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spectest.report.table import SLO
+from spectest.report.cli import add_analysis_arguments, analysis_options
+from spectest.report.evidence import MIN_REQUESTS_PER_STEP
+from spectest.report.table import SLO, SweepError
 
 WORKLOADS = ("chat", "code", "rag", "mixed")
 DEFAULT_WORKLOADS = ("chat", "code", "rag")
@@ -82,6 +86,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--slo-tpot-ms", type=float, default=None)
     g.add_argument("--slo-e2el-ms", type=float, default=None)
     g.add_argument("--slo-max-error-rate", type=float, default=0.01)
+    g = p.add_argument_group("report: evidence, cost and capacity (spectest report can change "
+                             "them later)")
+    add_analysis_arguments(g, defaults=True)
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default: spectest-sweep-<date-time>)")
     p.add_argument("--no-report", action="store_true", help="do not render the report at the end")
@@ -132,6 +139,11 @@ class SweepConfig:
     server_args: tuple[str, ...] = field(default_factory=tuple)
     validate_k: bool = True
     slo: SLO = field(default_factory=SLO)
+    min_requests_per_step: int = MIN_REQUESTS_PER_STEP
+    price_per_hour: float | None = None
+    spec_price_per_hour: float | None = None
+    target_rps: float | None = None
+    target_output_tps: float | None = None
 
     @property
     def window_s(self) -> float:
@@ -168,7 +180,11 @@ class SweepConfig:
                 "patience": self.patience, "host": self.host,
                 "baseline_host": self.baseline_host, "embedded": self.embedded,
                 "model": self.model, "draft": self.draft, "k": self.k,
-                "server_args": list(self.server_args), "validate_k": self.validate_k}
+                "server_args": list(self.server_args), "validate_k": self.validate_k,
+                "min_requests_per_step": self.min_requests_per_step,
+                "price_per_hour": self.price_per_hour,
+                "spec_price_per_hour": self.spec_price_per_hour,
+                "target_rps": self.target_rps, "target_output_tps": self.target_output_tps}
 
     @classmethod
     def from_args(cls, a: argparse.Namespace, now: str) -> SweepConfig:
@@ -210,8 +226,16 @@ class SweepConfig:
                               "the recommended K policy)")
         if set(arms) != {"spec", "base"}:
             validate = False  # the advisor needs both arms
+        if a.max_prompt_chars is not None and a.max_prompt_chars < 0:
+            raise ConfigError("--max-prompt-chars must be >= 0")
         max_prompt = a.max_prompt_chars if a.max_prompt_chars is not None else (
             2000 if embedded else 0)
+        try:
+            min_requests, cost = analysis_options(a)
+        except SweepError as e:
+            raise ConfigError(str(e)) from None
+        report = {"min_requests_per_step": min_requests or MIN_REQUESTS_PER_STEP,
+                  **(cost.to_json() if cost else {})}
         return cls(out=a.out or Path(f"spectest-sweep-{now}"), workloads=workloads,
                    steps=parse_steps(a.steps, a.max_concurrency), step_time_s=a.step_time,
                    warmup_s=a.warmup, requests_per_step=a.requests_per_step, arms=arms,
@@ -219,4 +243,4 @@ class SweepConfig:
                    temperature=a.temperature, patience=a.patience,
                    host=a.host.rstrip("/"), baseline_host=a.baseline_host.rstrip("/"),
                    embedded=embedded, model=a.model, draft=a.draft, k=a.k,
-                   server_args=tuple(a.server_arg), validate_k=validate, slo=slo)
+                   server_args=tuple(a.server_arg), validate_k=validate, slo=slo, **report)

@@ -31,13 +31,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from spectest.loadgen.scrape import detect_flavour
 from spectest.report import advisor
 from spectest.report.breakpoints import past_saturation
 from spectest.report.table import COLUMNS, STEPS_CSV, SWEEP_JSON
 from spectest.sweep.config import SweepConfig
 from spectest.sweep.embedded import EmbeddedServer
 from spectest.sweep.progress import Display
-from spectest.sweep.step import StepOutcome, StepPlan, run_step
+from spectest.sweep.step import EXTEND, StepOutcome, StepPlan, run_step
 
 PROFILE_JSON = "k_profile_validation.json"
 
@@ -137,7 +138,8 @@ class SweepRunner:
             f"spectest sweep → {self.out}: workloads {', '.join(cfg.workloads)}; concurrency "
             f"{', '.join(map(str, cfg.steps))}; arms {', '.join(cfg.arms)}; "
             f"{cfg.warmup_s:g} s warm-up + {cfg.step_time_s:g} s per step "
-            f"(about {cfg.estimated_s() / 60:.0f} min)")
+            f"(about {cfg.estimated_s() / 60:.0f} min; a step runs on, up to "
+            f"{1 + EXTEND}x, until {cfg.min_requests_per_step} requests have succeeded)")
         status, message = "finished", ""
         try:
             if cfg.embedded:
@@ -177,8 +179,15 @@ class SweepRunner:
         two_hosts = bool(cfg.baseline_host)
         self.info["hosts"] = {"spec": spec_host, "base": base_host}
         self.info["server"]["model"] = check_server(spec_host)
+        flavour = detect_flavour(spec_host)
+        self.info["server"]["flavour"] = flavour.key if flavour else None
         if two_hosts:
             self.info["server"]["baseline_model"] = check_server(base_host)
+        elif "base" in cfg.arms and not (flavour and flavour.speculative_switch):
+            name = flavour.display if flavour else "this server"
+            raise SweepFailed(f"{name} at {spec_host} has no per-request switch that turns "
+                              f"speculation off (requests would all speculate); start a second "
+                              f"server without speculation and pass --baseline-host URL")
         self._write()
         arms = {"spec": (spec_host, "default" if two_hosts else "on"),
                 "base": (base_host, "default" if two_hosts else "off")}
@@ -213,7 +222,8 @@ class SweepRunner:
                         max_prompt_chars=cfg.max_prompt_chars, temperature=cfg.temperature,
                         slo_ttft_ms=cfg.slo.ttft_p99_ms or 0, slo_tpot_ms=cfg.slo.tpot_p99_ms or 0,
                         slo_e2el_ms=cfg.slo.e2el_p99_ms or 0,
-                        requests_per_step=cfg.requests_per_step)
+                        requests_per_step=cfg.requests_per_step,
+                        min_requests=cfg.min_requests_per_step)
         self.display.start_step(name, arm, c, index, total, plan.planned_s)
         outcome = self.step_fn(plan, on_live=self.display.live, rel_to=self.out)
         row = outcome.row
@@ -222,6 +232,9 @@ class SweepRunner:
             note = "overran its time limit and was stopped"
         elif outcome.stopped_on_requests:
             note = f"ended after {cfg.requests_per_step} requests"
+        elif outcome.extended_s > 0:
+            note = (f"ran {outcome.extended_s:.0f} s longer to reach "
+                    f"{cfg.min_requests_per_step} successful requests")
         if row is not None:
             row = {**row, "workload": name, "loadavg": round(os.getloadavg()[0], 2)}
             if arm == "spec-advised" and row.get("drafts"):

@@ -8,7 +8,10 @@ folder twice a second to
 * read the server's engine-round metrics when the first measured window begins and when the
   last one ends (``engine_metrics``);
 * end the step early once ``requests_per_step`` measured requests have finished (SIGTERM: Locust
-  then closes its files with status ``interrupted``), or when it overruns its time limit.
+  then closes its files with status ``interrupted``), or when it overruns its time limit;
+* keep a step going past its measured time, window by window up to ``EXTEND`` times that time,
+  until ``min_requests`` measured requests have succeeded — the fewest the report accepts for
+  a verdict — so a slow server or a long workload still gets a step with an interval.
 
 Ctrl-C / SIGTERM of the sweep reaches here as ``KeyboardInterrupt``: Locust is stopped and
 reaped, and the interrupt is re-raised — the step does not count. The command line comes from
@@ -36,6 +39,7 @@ from spectest.sweep import engine_metrics
 from spectest.sweep.summary import summarize
 
 POLL_S = 0.5
+EXTEND = 3  # a step may run up to (1 + EXTEND) x its measured time to reach min_requests
 
 
 @dataclass(frozen=True)
@@ -57,12 +61,17 @@ class StepPlan:
     slo_tpot_ms: float = 0.0
     slo_e2el_ms: float = 0.0
     requests_per_step: int = 0
+    min_requests: int = 0  # successful measured requests to reach (extends the step)
     stop_timeout_s: float = 30.0
     metrics_url: str = ""  # "" → host + /metrics
 
     @property
     def warmup_steps(self) -> int:
         return 1 if self.warmup else 0
+
+    @property
+    def max_windows(self) -> int:
+        return self.windows * (1 + EXTEND) if self.min_requests else self.windows
 
     @property
     def planned_s(self) -> float:
@@ -75,7 +84,7 @@ class StepPlan:
         if self.metrics_url:
             extra += ["--metrics-url", self.metrics_url]
         return LocustRun(self.workload, host=self.host, results_dir=self.run_dir,
-                         steps=(self.concurrency,) * (self.warmup_steps + self.windows),
+                         steps=(self.concurrency,) * (self.warmup_steps + self.max_windows),
                          step_time_s=self.window_s, speculative=self.speculative,
                          seed=self.seed, max_tokens=self.max_tokens,
                          slo_ttft_ms=self.slo_ttft_ms, slo_tpot_ms=self.slo_tpot_ms,
@@ -102,6 +111,7 @@ class StepOutcome:
     timed_out: bool
     stopped_on_requests: bool
     log_tail: str
+    extended_s: float = 0.0  # measured time beyond the plan, spent reaching min_requests
 
 
 def run_step(plan: StepPlan, on_live: Callable[[Live], None] | None = None,
@@ -113,10 +123,12 @@ def run_step(plan: StepPlan, on_live: Callable[[Live], None] | None = None,
     env.pop("LOCUST_SKIP_MONKEY_PATCH", None)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     metrics_url = plan.metrics_url or plan.host.rstrip("/") + "/metrics"
-    limit = plan.planned_s + plan.stop_timeout_s + 60
+    limit = plan.planned_s + (plan.max_windows - plan.windows) * plan.window_s \
+        + plan.stop_timeout_s + 60
     log_path = plan.run_dir / "locust.log"
     start_reading = end_reading = None
     stopped_on_requests = timed_out = False
+    extended_s = 0.0
     t0 = time.monotonic()
     with open(log_path, "w", encoding="utf-8") as log:
         # Own session: a terminal Ctrl-C reaches only the sweep, which stops Locust cleanly.
@@ -134,18 +146,20 @@ def run_step(plan: StepPlan, on_live: Callable[[Live], None] | None = None,
                     measure_start = time.monotonic()
                     start_reading = engine_metrics.scrape(metrics_url)
                 measured_for = 0.0 if measure_start is None else time.monotonic() - measure_start
-                if (end_reading is None and measure_start is not None
-                        and measured_for >= plan.windows * plan.window_s - POLL_S):
-                    end_reading = engine_metrics.scrape(metrics_url)
                 live = _live(plan, time.monotonic() - t0, measure_start is not None)
                 if on_live is not None:
                     on_live(live)
-                if (plan.requests_per_step and live.measuring
-                        and live.requests >= plan.requests_per_step and not stopped_on_requests):
-                    stopped_on_requests = True
-                    if end_reading is None:
-                        end_reading = engine_metrics.scrape(metrics_url)
-                    proc.send_signal(signal.SIGTERM)
+                planned_done = measured_for >= plan.windows * plan.window_s - POLL_S
+                enough = live.requests - live.failures >= plan.min_requests
+                capped = (plan.requests_per_step and live.measuring
+                          and live.requests >= plan.requests_per_step)
+                if end_reading is None and measure_start is not None and (
+                        (planned_done and enough) or capped):
+                    end_reading = engine_metrics.scrape(metrics_url)
+                    extended_s = max(0.0, measured_for - plan.windows * plan.window_s)
+                    stopped_on_requests = bool(capped) and not planned_done
+                    if stopped_on_requests or plan.max_windows > plan.windows:
+                        proc.send_signal(signal.SIGTERM)
                 if time.monotonic() - t0 > limit and not timed_out:
                     timed_out = True
                     proc.send_signal(signal.SIGTERM)
@@ -153,15 +167,16 @@ def run_step(plan: StepPlan, on_live: Callable[[Live], None] | None = None,
             _stop(proc)
             raise
         _stop(proc)
-    if end_reading is None and start_reading is not None:
+    if end_reading is None and start_reading is not None:  # Locust ended by itself (at the cap)
         end_reading = engine_metrics.scrape(metrics_url)
+        extended_s = (plan.max_windows - plan.windows) * plan.window_s
     engine = engine_metrics.round_figures(start_reading, end_reading,
                                           speculative=plan.speculative != "off")
     row = summarize(plan.run_dir, workload=plan.workload, arm=plan.arm,
                     concurrency=plan.concurrency, warmup_steps=plan.warmup_steps,
                     engine=engine, rel_to=rel_to)
     tail = log_path.read_text(encoding="utf-8", errors="replace")[-2000:]
-    return StepOutcome(row, proc.returncode, timed_out, stopped_on_requests, tail)
+    return StepOutcome(row, proc.returncode, timed_out, stopped_on_requests, tail, extended_s)
 
 
 def _stop(proc: subprocess.Popen, grace_s: float = 20.0) -> None:

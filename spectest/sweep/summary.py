@@ -12,8 +12,11 @@ reads the loadgen files (``run.json``, ``steps.csv``, ``requests.jsonl`` — con
   span (the closed-loop users finish in-flight requests when the step stops);
 * acceptance from the server's counter deltas summed over the measured windows (the per-response
   ``spec`` objects when the server has no counters);
-* relative standard errors of throughput and TPOT p50 across the windows (the noise the break
-  points allow for).
+* relative standard errors of throughput and TPOT p50 across the windows;
+* bootstrap standard errors of the log of TPOT p50, output tokens/s and goodput tokens/s over
+  the step's successful requests (``spectest.report.evidence``): the intervals of every ratio
+  the report states. Goodput tokens are the in-window tokens of requests that met every
+  per-request SLO.
 
 It knows nothing about processes or HTTP; ``engine`` carries the round figures measured by
 ``engine_metrics``.
@@ -28,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from spectest.report import evidence
 from spectest.report.table import COLUMNS, LATENCIES, PERCENTILES
 
 
@@ -59,15 +63,20 @@ def windows(run_info: dict, warmup_steps: int) -> list[tuple[float, float]]:
 
 def tokens_in(req: pd.DataFrame, start: float, end: float) -> float:
     """Tokens generated inside [start, end], each request's spread over its token span."""
+    return float(token_shares(req, start, end).sum())
+
+
+def token_shares(req: pd.DataFrame, start: float, end: float) -> np.ndarray:
+    """Per request (row order): its tokens generated inside [start, end]."""
     if req.empty:
-        return 0.0
+        return np.zeros(0)
     first = req.started_at + req.ttft_ms.fillna(0) / 1e3
     last = req.started_at + req.e2el_ms.fillna(0) / 1e3
     span = (last - first).to_numpy()
     overlap = (np.minimum(last, end) - np.maximum(first, start)).clip(lower=0).to_numpy()
     inside = ((last >= start) & (last <= end)).to_numpy()
     frac = np.where(span > 0, overlap / np.where(span > 0, span, 1), inside.astype(float))
-    return float((req.output_tokens.fillna(0).to_numpy() * frac).sum())
+    return req.output_tokens.fillna(0).to_numpy(dtype=float) * frac
 
 
 def _pct(values: pd.Series | np.ndarray, p: float) -> float | None:
@@ -131,6 +140,7 @@ def summarize(run_dir: Path, *, workload: str, arm: str, concurrency: int, warmu
     row["requests_per_s"] = len(ok) / duration if duration > 0 else None
     row["goodput_rps"] = (float(ok.slo_ok.sum()) / duration) if duration > 0 and len(ok) else 0.0
     row["output_tokens_per_s_rse"] = _rse([tokens_in(good, a, b) / (b - a) for a, b in wins])
+    row.update(_intervals(ok, good, t1, t2))
     if not ok.empty and len(wins) > 1:
         row["tpot_p50_rse"] = _rse([_pct(ok[ok.step == i].tpot_ms.astype(float), 50)
                                     for i in sorted(ok.step.unique())])
@@ -142,6 +152,26 @@ def summarize(run_dir: Path, *, workload: str, arm: str, concurrency: int, warmu
             row[key] = value
     row["run_dir"] = str(run_dir.relative_to(rel_to)) if rel_to else str(run_dir)
     return row
+
+
+def _intervals(ok: pd.DataFrame, good: pd.DataFrame, t1: float, t2: float) -> dict:
+    """Goodput tokens/s and the bootstrap log standard errors (``evidence``) of the step."""
+    out: dict = {}
+    duration = t2 - t1
+    if duration <= 0:
+        return out
+    shares = token_shares(good, t1, t2)
+    inside = shares > 0  # requests that generated tokens in the window (resampled together)
+    met = (good.slo_ok.fillna(False).astype(bool).to_numpy() if "slo_ok" in good
+           else np.zeros(len(good), dtype=bool))
+    goodput = shares * met
+    out["goodput_tokens_per_s"] = float(goodput.sum()) / duration
+    out["output_tokens_per_s_log_se"] = evidence.rate_log_se(shares[inside], duration)
+    if goodput.sum() > 0:
+        out["goodput_tokens_per_s_log_se"] = evidence.rate_log_se(goodput[inside], duration)
+    if not ok.empty:
+        out["tpot_p50_log_se"] = evidence.median_log_se(ok.tpot_ms.astype(float))
+    return out
 
 
 def _acceptance(run_dir: Path, warmup_steps: int, ok: pd.DataFrame) -> dict:

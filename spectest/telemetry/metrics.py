@@ -4,7 +4,8 @@ Owns: :class:`ServingMetrics` — every collector of :mod:`spectest.telemetry.na
 injected ``CollectorRegistry``, and the three ways data reaches them: ``observe_round`` (a
 :class:`~spectest.engine.requests.RoundRecord` observer: spec-decode counters with vLLM's
 semantics, accepted-length histogram, K gauge, draft/verify time), ``observe_request`` (request
-timings and token counts when a request finishes) and ``set_load`` (running/waiting/KV gauges).
+timings and token counts when a request finishes), ``set_load`` (running/waiting/KV gauges) and
+``observe_speculation`` (the runtime switch: enabled and configured-K gauges, switch counter).
 
 Does not know: HTTP or the engine's internals. Label values are fixed sets: ``workload`` comes
 from the server's bounded tag map, never from a request id or prompt text.
@@ -32,6 +33,9 @@ class _EngineSeries:
     running: Gauge
     waiting: Gauge
     kv_usage: Gauge
+    speculation_enabled: Gauge
+    speculation_k: Gauge
+    speculation_switches: Counter
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,8 @@ class ServingMetrics:
         self._engine_labels = engine
         self._engine = _EngineSeries(*(self._m(spec).labels(**engine) for spec in (
             N.SPEC_ROUNDS, N.SPEC_K, N.SPEC_DRAFT_TIME, N.SPEC_VERIFY_TIME, N.RUNNING,
-            N.WAITING, N.KV_USAGE)))
+            N.WAITING, N.KV_USAGE, N.SPECULATION_ENABLED, N.SPECULATION_K,
+            N.SPECULATION_SWITCHES)))
         self._workloads: dict[str, _WorkloadSeries] = {}
         self._precreate()
 
@@ -135,6 +140,14 @@ class ServingMetrics:
                 if pos < row.accepted:
                     child.inc()
         self.set_load(record.running, record.waiting, record.kv_usage)
+
+    def observe_speculation(self, enabled: bool, k: int, switched: bool = False) -> None:
+        """The runtime speculation settings now in force; ``switched``: a change just landed."""
+        e = self._engine
+        e.speculation_enabled.set(1 if enabled else 0)
+        e.speculation_k.set(k)
+        if switched:
+            e.speculation_switches.inc()
 
     def set_load(self, running: int, waiting: int, kv_usage: float) -> None:
         e = self._engine

@@ -86,6 +86,18 @@ SPEC_VERIFY_TIME = _m("spec_decode_verify_time_seconds", "histogram",
 SPEC_ROUNDS = _m("spec_decode_rounds", "counter", "Engine rounds (one target forward each).",
                  labels=ENGINE_LABELS)
 
+# --- the runtime speculation switch (POST /admin/speculation; spectest only) ----------------
+SPECULATION_ENABLED = _m("speculation_enabled", "gauge",
+                         "1 while speculation is switched on for the whole server, 0 while it is "
+                         "switched off at runtime (every request then decodes target-only).",
+                         labels=ENGINE_LABELS)
+SPECULATION_K = _m("speculation_k", "gauge",
+                   "The configured draft length K (the runtime setting; spec_decode_k is the K "
+                   "the policy chose for the latest round).", labels=ENGINE_LABELS)
+SPECULATION_SWITCHES = _m("speculation_switches", "counter",
+                          "Runtime changes of the speculation settings (on/off, K, K policy) "
+                          "the engine applied.", labels=ENGINE_LABELS)
+
 # --- serving (vLLM names) ------------------------------------------------------------------
 TTFT = _m("time_to_first_token_seconds", "histogram", "Time to first token.",
           buckets=TTFT_BUCKETS)
@@ -120,7 +132,7 @@ REQUEST_ERRORS = _m("request_errors", "counter",
 ALL: tuple[MetricSpec, ...] = (
     SPEC_NUM_DRAFTS, SPEC_NUM_DRAFT_TOKENS, SPEC_NUM_ACCEPTED_TOKENS, SPEC_NUM_ACCEPTED_PER_POS,
     SPEC_ACCEPTED_LENGTH, SPEC_REQUESTS, SPEC_K, SPEC_DRAFT_TIME, SPEC_VERIFY_TIME, SPEC_ROUNDS,
-    TTFT, ITL, TPOT, E2E, QUEUE, PREFILL, DECODE, RUNNING, WAITING, KV_USAGE, PROMPT_TOKENS,
+    SPECULATION_ENABLED, SPECULATION_K, SPECULATION_SWITCHES, TTFT, ITL, TPOT, E2E, QUEUE, PREFILL, DECODE, RUNNING, WAITING, KV_USAGE, PROMPT_TOKENS,
     GENERATION_TOKENS, PREEMPTIONS, REQUEST_SUCCESS, REQUEST_ERRORS,
 )
 BY_NAME = {m.name: m for m in ALL}

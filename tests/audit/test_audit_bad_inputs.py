@@ -3,16 +3,14 @@ report/JUnit file that says why (so CI shows it too)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 import xml.etree.ElementTree as ET
 
 import pytest
-from aiohttp import ClientSession, web
 from conftest import run_audit, server
 
 from spectest.loadgen.runner import StubProcess, free_port
+from tests.proxies import RewritingProxy
 
 
 def _assert_cannot_run(outcome, *words: str) -> str:
@@ -77,43 +75,14 @@ def test_config_file_unknown_key_and_bad_toml(tmp_path):
     _assert_cannot_run(run_audit(tmp_path, "--config", str(cfg), timeout=60), "not valid TOML")
 
 
-class LogprobStripper:
-    """A real HTTP server on loopback that forwards to a real spectest server and drops
-    ``logprobs`` from every answer: a server that silently ignores the parameter."""
+class LogprobStripper(RewritingProxy):
+    """Forwards to a real spectest server and drops ``logprobs`` from every answer: a server
+    that silently ignores the parameter."""
 
-    def __init__(self, upstream: str):
-        self.upstream = upstream
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-
-    async def _handle(self, request):
-        async with ClientSession() as session:
-            async with session.request(request.method, self.upstream + request.path,
-                                       data=await request.read(),
-                                       headers={"Content-Type": "application/json"}) as r:
-                body = await r.json()
+    def rewrite_response(self, body: dict) -> dict:
         for choice in body.get("choices", []):
             choice["logprobs"] = None
-        return web.json_response(body, status=r.status)
-
-    async def _start(self):
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self.runner = web.AppRunner(app)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        return site._server.sockets[0].getsockname()[1]
-
-    def __enter__(self) -> str:
-        self.thread.start()
-        port = asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(10)
-        return f"http://127.0.0.1:{port}"
-
-    def __exit__(self, *exc):
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+        return body
 
 
 def test_candidate_without_logprobs(correct_url, tmp_path):

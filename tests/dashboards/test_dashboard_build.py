@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dashboards import build
-from dashboards.flavours import SPECTEST, VLLM
+from dashboards.flavours import BY_KEY
 
 ROOT = Path(__file__).resolve().parents[2]
 BOARDS = build.build_dashboards()
@@ -19,7 +19,7 @@ BOARDS = build.build_dashboards()
 SPECULATIVE_PANELS = {
     "Acceptance rate", "Mean accepted length", "Per-position acceptance",
     "Draft vs accepted tokens/s", "Effective tokens per target forward", "Current K",
-    "Draft and verify time per round", "Speculation on/off traffic",
+    "Draft and verify time per round", "Speculation on/off traffic", "Speculation switch",
 }
 SERVING_PANELS = {
     "Time to first token", "Time per output token", "Inter-token latency (per engine step)",
@@ -27,7 +27,18 @@ SERVING_PANELS = {
     "Running and waiting requests", "KV cache usage", "Errors by reason", "SLO attainment",
 }
 VLLM_ABSENT = {"Effective tokens per target forward", "Current K",
-               "Draft and verify time per round", "Speculation on/off traffic"}
+               "Draft and verify time per round", "Speculation on/off traffic",
+               "Speculation switch"}
+# What the llama.cpp builds must show (issue 11), and what its /metrics cannot feed.
+LLAMACPP_SPECULATIVE = {"Acceptance rate", "Mean accepted length", "Per-position acceptance",
+                        "Draft vs accepted tokens/s", "Drafts and generated tokens/s",
+                        "Generated tokens/s"}
+LLAMACPP_SERVING = {"Tokens/s", "Cached prompt share", "Mean time per token",
+                    "Running and waiting requests", "Busy slots per decode call",
+                    "Latency comes from the client side"}
+LLAMACPP_ABSENT = VLLM_ABSENT | {"Acceptance rate by workload", "Time to first token",
+                                 "Time per output token", "SLO attainment", "KV cache usage",
+                                 "Errors by reason", "Requests/s", "TTFT p99"}
 
 
 def panels_of(board: dict) -> list[dict]:
@@ -47,7 +58,8 @@ def test_check_cli_accepts_committed_files():
     result = subprocess.run([sys.executable, "-m", "dashboards.build", "--check"], cwd=ROOT,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert "4 dashboards up to date" in result.stdout
+    assert f"{len(BOARDS)} dashboards up to date" in result.stdout
+    assert len(BOARDS) == 6
 
 
 def test_check_fails_on_edited_missing_and_stale_files(tmp_path, capsys):
@@ -91,7 +103,7 @@ def test_dashboard_is_importable_as_is(name):
     variables = {v["name"]: v for v in board["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
-    flavour = SPECTEST if name.startswith("spectest") else VLLM
+    flavour = BY_KEY[name.split("-", 1)[0]]
     for label in flavour.variables:
         var = variables[label]
         assert var["type"] == "query" and var["multi"] and var["includeAll"]
@@ -100,14 +112,17 @@ def test_dashboard_is_importable_as_is(name):
     ids = [p["id"] for p in board["panels"]]
     assert len(ids) == len(set(ids)) and 0 not in ids
     for panel in panels_of(board):
+        pos = panel["gridPos"]
+        assert pos["x"] + pos["w"] <= 24 and pos["h"] > 0
+        if panel["type"] == "text":  # an explanation, not a query
+            assert panel["options"]["mode"] == "markdown" and panel["options"]["content"]
+            continue
         assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
         assert "Healthy" in panel["description"], f"{panel['title']}: say what healthy is"
         assert panel["targets"], panel["title"]
         for target in panel["targets"]:
             assert target["datasource"]["uid"] == "${datasource}"
             assert target["expr"] and target["refId"]
-        pos = panel["gridPos"]
-        assert pos["x"] + pos["w"] <= 24 and pos["h"] > 0
 
 
 def test_required_panels_are_present():
@@ -117,6 +132,29 @@ def test_required_panels_are_present():
     assert SPECULATIVE_PANELS - VLLM_ABSENT <= titles("vllm-speculative-decoding")
     assert not VLLM_ABSENT & titles("vllm-speculative-decoding")
     assert SERVING_PANELS <= titles("vllm-serving")
+    assert LLAMACPP_SPECULATIVE <= titles("llamacpp-speculative-decoding")
+    assert LLAMACPP_SERVING <= titles("llamacpp-serving")
+    assert not LLAMACPP_ABSENT & (titles("llamacpp-speculative-decoding")
+                                  | titles("llamacpp-serving"))
+
+
+def test_llamacpp_boards_say_where_latency_and_lumpy_counts_come_from():
+    serving = BOARDS["llamacpp-serving.json"]
+    assert "client-side" in serving["description"]
+    text = next(p for p in panels_of(serving) if p["type"] == "text")
+    assert "spectest sweep" in text["options"]["content"]
+    speculative = BOARDS["llamacpp-speculative-decoding.json"]
+    assert "when the request finishes" in speculative["description"]
+    for panel in panels_of(speculative):
+        if "accept" in panel["title"].lower():
+            assert "finishes" in panel["description"], panel["title"]
+    # The healthy-threshold lines are the spectest dashboard's.
+    steps = {p["title"]: p["fieldConfig"]["defaults"]["thresholds"]["steps"]
+             for p in panels_of(BOARDS["spectest-speculative-decoding.json"])}
+    for panel in panels_of(speculative):
+        if panel["title"] in ("Acceptance rate", "Mean accepted length"):
+            assert panel["fieldConfig"]["defaults"]["thresholds"]["steps"] == \
+                steps[panel["title"]]
 
 
 def test_render_cli_reports_an_unreachable_prometheus_in_one_line(tmp_path):

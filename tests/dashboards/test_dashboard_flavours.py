@@ -1,11 +1,14 @@
-"""Selectors per engine flavour, and the PromQL text helpers the checks rely on."""
+"""Selectors per server flavour (derived from spectest.flavours), and the PromQL text helpers the
+checks rely on."""
 
 from __future__ import annotations
 
 import pytest
 
-from dashboards.flavours import SPECTEST, VLLM
-from dashboards.panels import failed_share, slo_share
+from dashboards.flavours import (DASHBOARD_LABELS, FLAVOURS, LLAMACPP, SPECTEST, VLLM,
+                                 MissingMetric, for_server)
+from dashboards.panels import PanelSpec, Query, failed_share, rate, row, slo_share
+from spectest import flavours
 from dashboards.promql import (metric_names, parse_label_values, substitute, variables_in)
 from spectest.telemetry import names
 
@@ -25,6 +28,53 @@ def test_vllm_selector_uses_vllm_names_and_labels():
     assert VLLM.labels_of(names.SPEC_NUM_ACCEPTED_PER_POS) == ("model_name", "engine", "position")
     with pytest.raises(KeyError):
         VLLM.metric(names.SPEC_K)  # vLLM has no K gauge
+
+
+def test_llamacpp_selector_uses_its_own_names_and_the_scrape_labels():
+    assert LLAMACPP.select(names.GENERATION_TOKENS) == (
+        'llamacpp:tokens_predicted_total{job=~"$job", instance=~"$instance"}')
+    assert LLAMACPP.select(names.WAITING) == (
+        'llamacpp:requests_deferred{job=~"$job", instance=~"$instance"}')
+    assert LLAMACPP.select("prompt_tokens_cached") == (
+        'llamacpp:prompt_tokens_cached_total{job=~"$job", instance=~"$instance"}')
+    assert LLAMACPP.labels_of(names.SPEC_NUM_ACCEPTED_PER_POS) == ("position",)
+    assert LLAMACPP.labels_of(names.RUNNING) == ()
+    with pytest.raises(MissingMetric):
+        LLAMACPP.metric(names.TTFT)  # no histograms
+    with pytest.raises(MissingMetric):
+        SPECTEST.select("busy_slots_per_decode")  # a llama.cpp extra
+
+
+def test_flavours_are_the_rows_of_the_one_table():
+    """Names come from spectest.flavours; dashboards add only variables and series_by."""
+    for f in FLAVOURS:
+        assert f.server is flavours.get(f.key)
+        for spec in names.ALL:
+            if f.has(spec):
+                assert f.metric(spec, "_count" if spec.kind == "histogram" else "") \
+                    .startswith(f.server.samples[spec.name])
+    assert {f.key for f in FLAVOURS} == set(DASHBOARD_LABELS) == {"spectest", "vllm", "llamacpp"}
+
+
+def test_a_new_row_needs_only_its_variables(monkeypatch):
+    """A server added to spectest.flavours gets dashboards from one DASHBOARD_LABELS entry."""
+    row_ = flavours.Flavour(key="newsrv", display="New", prefix="new:",
+                            samples={names.GENERATION_TOKENS.name: "new:gen_total"})
+    monkeypatch.setitem(DASHBOARD_LABELS, "newsrv", (("instance",), ("instance",)))
+    f = for_server(row_)
+    assert rate(f, names.GENERATION_TOKENS) == (
+        'sum by (instance) (rate(new:gen_total{instance=~"$instance"}[$__rate_interval]))')
+
+
+def test_row_leaves_out_panels_whose_metric_is_missing():
+    panel = lambda spec: lambda: PanelSpec(spec.name, "Healthy.", "short",  # noqa: E731
+                                           (Query(rate(LLAMACPP, spec)),))
+    kept = row("r", panel(names.GENERATION_TOKENS), panel(names.PREEMPTIONS),
+               panel(names.PROMPT_TOKENS))
+    assert [p.title for p in kept.panels] == [names.GENERATION_TOKENS.name,
+                                              names.PROMPT_TOKENS.name]
+    assert {p.width for p in kept.panels} == {12}
+    assert row("r", panel(names.TTFT)) is None
 
 
 def test_selector_rejects_wrong_parts_and_labels():

@@ -1,6 +1,7 @@
-"""Every metric a dashboard queries is in spectest/telemetry/names.py (scraped form: counters with
-_total, histograms as _bucket/_sum/_count), or is a documented vllm: counterpart; and every
-template variable reaches every query whose metric carries that label."""
+"""Every metric a dashboard queries is one its flavour's row in spectest/flavours.py exposes
+(the names table's metrics under that server's sample names — counters with _total, histograms
+as _bucket/_sum/_count — or one of its extra series); the vLLM and llama.cpp names are
+documented; and every template variable reaches every query whose metric carries that label."""
 
 from __future__ import annotations
 
@@ -10,37 +11,33 @@ from pathlib import Path
 import pytest
 
 from dashboards.build import build_dashboards
-from dashboards.flavours import FLAVOURS, SPECTEST, VLLM, VLLM_METRICS
-from dashboards.promql import metric_names, panel_queries, variables_in
+from dashboards.flavours import BY_KEY, LLAMACPP, SCRAPE_LABELS, VLLM
+from dashboards.promql import PREFIXES, metric_names, panel_queries, variables_in
 from spectest.telemetry import names
 
 ROOT = Path(__file__).resolve().parents[2]
 BOARDS = build_dashboards()
 GRAFANA_BUILTINS = {"__rate_interval", "__range"}
-_SELECTOR = re.compile(r"((?:spectest|vllm):[\w:]+)\{([^}]*)\}")
-
-
-def sample_names(prefix: str, specs) -> dict[str, names.MetricSpec]:
-    out = {}
-    for spec in specs:
-        base = names.renamed(spec, prefix)
-        if spec.kind == "counter":
-            out[base + "_total"] = spec
-        elif spec.kind == "histogram":
-            out.update({base + part: spec for part in ("_bucket", "_sum", "_count")})
-        else:
-            out[base] = spec
-    return out
+_SELECTOR = re.compile(r"((?:%s)[\w:]+)\{([^}]*)\}" % "|".join(map(re.escape, PREFIXES)))
 
 
 def flavour_of(file_name: str):
-    return next(f for f in FLAVOURS if file_name.startswith(f.key + "-"))
+    return BY_KEY[file_name.split("-", 1)[0]]
+
+
+def labels_of_sample(flavour, sample: str) -> tuple[str, ...]:
+    """The server's own labels on a scraped series (extras have none)."""
+    for spec in names.ALL:
+        if flavour.has(spec) and sample.startswith(flavour.server.samples[spec.name]):
+            return flavour.labels_of(spec)
+    assert sample in flavour.server.extras.values(), sample
+    return ()
 
 
 @pytest.mark.parametrize("name", sorted(BOARDS))
 def test_every_metric_is_in_the_table(name):
     flavour = flavour_of(name)
-    allowed = sample_names(flavour.prefix, names.ALL if flavour is SPECTEST else VLLM_METRICS)
+    allowed = flavour.sample_names()
     used = set()
     for q in panel_queries(BOARDS[name]):
         found = metric_names(q.expr)
@@ -50,10 +47,22 @@ def test_every_metric_is_in_the_table(name):
     assert all(m.startswith(flavour.prefix) for m in used)
 
 
-def test_vllm_counterparts_are_documented():
+@pytest.mark.parametrize("flavour", [VLLM, LLAMACPP], ids=lambda f: f.key)
+def test_server_names_are_documented(flavour):
     readme = (ROOT / "dashboards" / "README.md").read_text()
-    for spec in VLLM_METRICS:
-        assert f"`{names.renamed(spec, VLLM.prefix)}`" in readme, spec.name
+    for sample in flavour.sample_names():
+        base = sample.removesuffix("_total")
+        for part in ("_bucket", "_sum", "_count"):
+            base = base.removesuffix(part)
+        assert f"`{base}`" in readme or f"`{sample}`" in readme, sample
+
+
+def test_llamacpp_dashboards_filter_on_scrape_labels_only():
+    for name in ("llamacpp-serving.json", "llamacpp-speculative-decoding.json"):
+        for q in panel_queries(BOARDS[name]):
+            for _, matchers in _SELECTOR.findall(q.expr):
+                used = {m.split("=")[0].split("!")[0].strip() for m in matchers.split(",") if m}
+                assert used <= set(SCRAPE_LABELS) | {"position"}, (q.panel, used)
 
 
 def test_vllm_dashboards_only_filter_on_vllm_labels():
@@ -66,11 +75,10 @@ def test_vllm_dashboards_only_filter_on_vllm_labels():
 def test_every_variable_is_defined_and_reaches_every_selector(name):
     flavour = flavour_of(name)
     defined = {v["name"] for v in BOARDS[name]["templating"]["list"]}
-    specs = sample_names(flavour.prefix, names.ALL)
     for q in panel_queries(BOARDS[name]):
         assert variables_in(q.expr) <= defined | GRAFANA_BUILTINS, q.panel
         for metric, matchers in _SELECTOR.findall(q.expr):
             for label in flavour.variables:
-                if label in flavour.labels_of(specs[metric]):
+                if label in labels_of_sample(flavour, metric) + SCRAPE_LABELS:
                     assert f'{label}=~"${label}"' in matchers, \
                         f"{q.panel}: {metric} ignores ${label}"

@@ -183,13 +183,15 @@ def running_prometheus(targets: Mapping[str, str], workdir: Path, *,
         prom.stop()
 
 
-def assert_panel_has_data(prom: "Prometheus", query, values: Mapping[str, str]) -> None:
-    """A dashboard panel query, variables substituted, returns at least one finite sample."""
+def assert_panel_has_data(prom: "Prometheus", query, values: Mapping[str, str],
+                          at: float | None = None) -> None:
+    """A dashboard panel query, variables substituted, returns at least one finite sample
+    (evaluated now, or at the instant ``at``)."""
     import math
 
     from dashboards.promql import substitute
     expr = substitute(query.expr, values)
-    result = prom.query(expr)
+    result = prom.query(expr, at=at)
     assert result, f"{query.dashboard} / {query.panel}: no data for {expr}"
     assert any(math.isfinite(r["value"]) for r in result), \
         f"{query.dashboard} / {query.panel}: only NaN/Inf for {expr}: {result}"

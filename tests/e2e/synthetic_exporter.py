@@ -132,6 +132,8 @@ class SyntheticExporter:
         verify = 0.004 + 0.001 * len(batch) * (drafter.k + 1) * rng.uniform(0.8, 1.2)
         self._rec(names.SPEC_ROUNDS, "inc", 1, **eng)
         self._rec(names.SPEC_K, "set", drafter.k, **eng)
+        self._rec(names.SPECULATION_ENABLED, "set", 1, **eng)
+        self._rec(names.SPECULATION_K, "set", drafter.k, **eng)
         self._rec(names.SPEC_DRAFT_TIME, "observe", drafter.draft_seconds * rng.uniform(0.5, 2),
                   **eng)
         self._rec(names.SPEC_VERIFY_TIME, "observe", verify, **eng)
@@ -175,6 +177,7 @@ class SyntheticExporter:
             for code in ("400", "429", "503"):
                 self._rec(names.REQUEST_ERRORS, "inc", 0, code=code, **eng)
             self._rec(names.PREEMPTIONS, "inc", 0, **eng)
+            self._rec(names.SPECULATION_SWITCHES, "inc", 0, **eng)
             self._round(drafter)
             self._finish_request(drafter)
 

@@ -2,9 +2,11 @@
 every dashboard panel and every alert rule through its HTTP API: each parses, each panel query
 and template-variable query returns data, and Prometheus itself loads and evaluates every rule.
 
-The target is ``metrics_targets`` below: for now the synthetic exporter (every metric of the
-names table, plus the vLLM counterparts); set ``SPECTEST_E2E_TARGET`` to the ``/metrics`` URL of a
+The target is ``metrics_targets`` below: the synthetic exporter (every metric of the names table,
+plus the vLLM counterparts); set ``SPECTEST_E2E_TARGET`` to the ``/metrics`` URL of a
 ``spectest serve`` under load to check the spectest dashboards against the real server instead.
+The llama.cpp dashboards and rules are checked against real llama-servers
+(``test_prometheus_llamacpp.py``): its extra series are not in the names table.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from dashboards.build import build_dashboards
-from dashboards.flavours import FLAVOURS
+from dashboards.flavours import SPECTEST, VLLM
 from dashboards.promql import (panel_queries, parse_label_values, rule_expressions, substitute,
                                variable_queries)
 from dashboards.render import render_panels
@@ -24,8 +26,10 @@ from prometheus_harness import PromQLError, assert_panel_has_data, running_prome
 from synthetic_exporter import SyntheticExporter
 
 ROOT = Path(__file__).resolve().parents[2]
-RULES = ROOT / "alerts" / "spectest.rules.yml"
-BOARDS = build_dashboards()
+FLAVOURS = (SPECTEST, VLLM)  # what the synthetic exporter simulates
+RULE_FILES = [ROOT / "alerts" / f"{f.key}.rules.yml" for f in FLAVOURS]
+BOARDS = {k: v for k, v in build_dashboards().items()
+          if k.split("-", 1)[0] in {f.key for f in FLAVOURS}}
 SCRAPES = 8  # scrapes of every target before the first query (1 s apart)
 
 # Grafana variables → values a plain Prometheus accepts: "All" for every label variable.
@@ -35,7 +39,7 @@ VALUES |= {"__rate_interval": "30s", "__range": "1m"}
 PANEL_QUERIES = [q for board in BOARDS.values() for q in panel_queries(board)]
 VARIABLE_QUERIES = [(board["uid"], var, query) for board in BOARDS.values()
                     for var, query in variable_queries(board).items()]
-RULE_EXPRS = rule_expressions(RULES)
+RULE_EXPRS = [r for path in RULE_FILES for r in rule_expressions(path)]
 
 pytestmark = pytest.mark.timeout(180)  # the whole module takes ~20 s; never hang CI
 
@@ -54,7 +58,7 @@ def metrics_targets():
 @pytest.fixture(scope="module")
 def prom(metrics_targets, tmp_path_factory):
     with running_prometheus(metrics_targets, tmp_path_factory.mktemp("prometheus"),
-                            rule_files=[RULES]) as prometheus:
+                            rule_files=RULE_FILES) as prometheus:
         prometheus.wait_for_scrapes(SCRAPES)
         yield prometheus
 

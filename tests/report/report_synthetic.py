@@ -5,7 +5,10 @@ a speculative round at K = 4 costs T0(c) · (1 + c_eff(c)·4) with c_eff(c) = 0.
 is geometric with α per workload. TPOT = round / E[tokens per round]; throughput = c / TPOT
 until the server saturates at 8 concurrent requests (beyond, throughput stays flat and TTFT
 grows). So the TPOT crossover is where E_4 = 1 + 0.16·c (c ≈ 11.1 for α = 0.7, ≈ 5.9 for
-α = 0.5; interpolating between the measured steps gives ≈ 11.3 and ≈ 5.8).
+α = 0.5; interpolating between the measured steps gives ≈ 11.3 and ≈ 5.8). Every step has at
+least 40 requests per arm and a bootstrap log standard error of ``LOG_SE`` on TPOT p50,
+throughput and goodput tokens, so every ratio is stated with an interval (``intervals=False``
+writes an old steps.csv without those columns).
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ import pandas as pd
 from spectest.report.table import COLUMNS
 
 K = 4
+LOG_SE = 0.02
 
 
-def rows(alpha: dict[str, float], steps=(1, 2, 4, 8, 16), saturation: int = 8) -> list[dict]:
+def rows(alpha: dict[str, float], steps=(1, 2, 4, 8, 16), saturation: int = 8,
+         intervals: bool = True) -> list[dict]:
     out = []
     for w, a in alpha.items():
         p = [a ** (i + 1) for i in range(K)]
@@ -45,6 +50,10 @@ def rows(alpha: dict[str, float], steps=(1, 2, 4, 8, 16), saturation: int = 8) -
                            tpot_p50_rse=0.02, requests_per_s=tput / 100,
                            goodput_rps=tput / 100 if 1.5 * tpot <= 60 else 0.0,
                            slo_attainment=1.0, run_dir=f"runs/{w}/{arm}/c{c}")
+                if intervals:
+                    row.update(goodput_tokens_per_s=tput if 1.5 * tpot <= 60 else 0.0,
+                               tpot_p50_log_se=LOG_SE, output_tokens_per_s_log_se=LOG_SE,
+                               goodput_tokens_per_s_log_se=LOG_SE)
                 if arm == "spec":
                     row.update(acceptance_source="spectest", drafts=1000.0 * c,
                                draft_tokens=4000.0 * c, accepted_tokens=1000.0 * c * (e - 1),
@@ -64,6 +73,9 @@ def write_sweep(folder: Path, alpha: dict[str, float] | None = None, label: str 
     folder.mkdir(parents=True, exist_ok=True)
     alpha = alpha or {"chat": 0.7, "code": 0.5}
     frame = pd.DataFrame(rows(alpha, **kw))
+    if not kw.get("intervals", True):  # an old steps.csv: the columns did not exist
+        frame = frame.drop(columns=["goodput_tokens_per_s", "tpot_p50_log_se",
+                                    "output_tokens_per_s_log_se", "goodput_tokens_per_s_log_se"])
     frame.to_csv(folder / "steps.csv", index=False)
     info = {"label": label or folder.name, "status": "finished", "workloads": list(alpha),
             "config": {"steps": sorted(set(frame.concurrency)), "warmup_s": 4,

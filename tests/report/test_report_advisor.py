@@ -115,3 +115,12 @@ def test_implausible_costs_are_flagged_and_left_out_of_the_profile():
     advice = {a.concurrency: a for a in advisor.advise(t, "chat")}
     assert not advice[8].plausible and all(advice[c].plausible for c in (1, 2, 4))
     assert set(advisor.profile_json(t)["step_seconds"]) == {"1", "2", "4"}
+
+
+def test_drafts_longer_than_the_advisors_range_still_get_advice():
+    """llama.cpp's n-gram drafts run 10–30 tokens per draft (no K gauge): the curve reaches K."""
+    t = sweep_table().assign(k=None)
+    t.loc[t.arm == "spec", "draft_tokens"] = t.loc[t.arm == "spec", "drafts"] * 24
+    assert advisor.k_run(t, "chat") == 24 > advisor.K_MAX
+    advice = advisor.advise(t, "chat")
+    assert len(advice) == 4 and all(len(a.curve) == 25 for a in advice)

@@ -80,16 +80,29 @@ def test_a_dip_that_recovers_is_a_note_not_the_crossover():
 
 
 def test_measured_noise_widens_the_band_a_late_win_must_clear():
-    # +30 %, +10 %, −2 %, +8 %: with 3 % noise +8 % is a clear win (no stable crossover);
-    # with 5 % relative error per arm the band is 2·√2·5 % ≈ 14 %, so +8 % is noise.
+    # +30 %, +20 %, −20 %, +8 %: with 3 % noise +8 % is a clear win (the −20 % is a dip, no
+    # stable crossover); with 5 % relative error per arm the band is 2·√2·5 % ≈ 14 %, so +8 %
+    # is noise and speculation stops paying between c=2 (+20 %) and c=4 (−20 %).
     spec = [10, 10, 10, 10]
-    base = [13, 11, 9.8, 10.8]
+    base = [13, 12, 8, 10.8]
     quiet = table(spec={"tpot_p50_ms": spec}, base={"tpot_p50_ms": base})
     assert bp.crossover(quiet, "chat", "tpot").status == bp.NOT_REACHED
     noisy = table(spec={"tpot_p50_ms": spec, "tpot_p50_rse": [0.05] * 4},
                   base={"tpot_p50_ms": base, "tpot_p50_rse": [0.05] * 4})
     got = bp.crossover(noisy, "chat", "tpot")
     assert got.status == bp.FOUND and (got.lower, got.upper) == (2, 4)
+
+
+def test_a_step_inside_a_wide_noise_band_is_not_enough_for_a_crossover():
+    # +30 %, +10 %, −2 %, +8 % with a ±14 % band: c=2 (+10 %) and c=4 (−2 %) are both inside
+    # it, and a band that wide cannot say "even" (±10 %): no crossover may rest on them.
+    spec = [10, 10, 10, 10]
+    base = [13, 11, 9.8, 10.8]
+    noisy = table(spec={"tpot_p50_ms": spec, "tpot_p50_rse": [0.05] * 4},
+                  base={"tpot_p50_ms": base, "tpot_p50_rse": [0.05] * 4})
+    got = bp.crossover(noisy, "chat", "tpot")
+    assert got.status == bp.NOT_ENOUGH and "cannot tell" in got.evidence
+    assert "sub-window noise ±14%" in got.basis and got.headline().startswith("not enough data")
 
 
 def test_crossover_only_compares_steps_both_arms_measured():

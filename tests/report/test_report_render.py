@@ -29,7 +29,7 @@ from spectest.report.render import render_report
 
 ROOT = Path(__file__).resolve().parents[2]
 FIGURES = {"speedup", "throughput", "tpot", "ttft", "acceptance", "acceptance_per_position",
-           "k_advisor"}
+           "k_advisor", "cost"}
 
 
 def expected_speedup_c1(alpha: float) -> float:
@@ -63,7 +63,7 @@ def test_report_renders_every_file_with_the_known_answers(tmp_path):
         img = mpimg.imread(path)
         assert img.shape[0] > 300 and img.shape[1] > 600  # a real, readable PNG
     for name in ("report.html", "report.md", "breakpoints.csv", "k_advice.csv",
-                 "k_profile.json"):
+                 "k_profile.json", "cost.csv"):
         assert (folder / name).stat().st_size > 0, name
     md = (folder / "report.md").read_text()
     page = (folder / "report.html").read_text()
@@ -114,7 +114,9 @@ def test_compare_overlays_two_sweeps_and_lists_the_changes(tmp_path, capsys):
     assert compare_main(parse(add_compare_arguments, [str(a), str(b), "--out", str(out)])) == 0
     printed = capsys.readouterr().out
     s_a, s_b = expected_speedup_c1(0.5), expected_speedup_c1(0.8)
-    assert f"chat: TPOT speedup at c=1 {s_a:.2f}× → {s_b:.2f}×" in printed
+    chat = next(line for line in printed.splitlines() if line.startswith("chat:"))
+    assert f"chat: TPOT speedup at c=1 {s_a:.2f}× (n = 40 spec / 40 base; 95% interval" in chat
+    assert f"→ {s_b:.2f}× (n = 40 spec / 40 base; 95% interval" in chat
     assert "measured in only one sweep (not compared): code, rag" in printed
     md = (out / "compare.md").read_text()
     assert f"{s_b / s_a - 1:+.0%}" in md
@@ -137,3 +139,24 @@ def test_bad_folders_give_one_line_and_exit_2(tmp_path, setup, message):
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and message in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_an_old_steps_csv_without_interval_columns_still_renders_honestly(tmp_path):
+    folder = write_sweep(tmp_path / "old", {"chat": 0.7}, intervals=False)
+    assert "tpot_p50_log_se" not in pd.read_csv(folder / "steps.csv").columns
+    render_report(folder)
+    md = (folder / "report.md").read_text()
+    assert "This steps.csv predates the per-request interval columns" in md
+    assert f"at concurrency 1 speculation is **{expected_speedup_c1(0.7):.2f}×** faster per " \
+           f"output token (n = 40 spec / 40 base; interval unavailable" in md
+    assert f"c ≈ {expected_crossover(0.7):.1f}" in md  # the window band still separates them
+    assert "goodput tokens estimated" in md or "estimated" in md
+
+
+def test_the_committed_docs_example_renders(tmp_path):
+    out = render_report(ROOT / "docs" / "sweep-example", out=tmp_path / "example")
+    md = Path(out.markdown).read_text()
+    assert "## Cost and capacity" in md and "interval unavailable" in md
+    # RAG ran 7–16 requests per step and arm: nothing may be stated about it
+    assert "**rag**: at concurrency 1 TPOT speedup: not enough data (n = 7 spec / 9 base" in md
+    assert "On TPOT, not enough data to place a crossover" in md

@@ -75,19 +75,22 @@ def make_engine(pair: ModelPair, *, drafter: str = "draft-model", k: int = 4,
 
 
 def make_server(pair: ModelPair, *, api_key: str | None = None, trace_file: Path | None = None,
-                trace_content: bool = False, drain_seconds: float = 2.0, **engine_kw) -> Server:
+                trace_content: bool = False, drain_seconds: float = 2.0,
+                admin_key: str | None = None, **engine_kw) -> Server:
     provider = build_tracer_provider("spectest-test", trace_file, environ={}) \
         if trace_file else None
     return Server(make_engine(pair, **engine_kw),
-                  ServerConfig(MODEL, api_key, trace_content, drain_seconds),
+                  ServerConfig(MODEL, api_key, trace_content, drain_seconds,
+                               admin_key=admin_key),
                   CollectorRegistry(), provider)
 
 
 class LiveServer:
-    """``with LiveServer(server) as live: requests.get(live.url + "/health")``."""
+    """``with LiveServer(server) as live: requests.get(live.url + "/health")``; ``host`` is
+    the bind address (the URL always names 127.0.0.1)."""
 
-    def __init__(self, server: Server):
-        self.server = server
+    def __init__(self, server: Server, host: str = "127.0.0.1"):
+        self.server, self.host = server, host
         self.url = ""
         self._loop = asyncio.new_event_loop()
         self._runner: web.AppRunner | None = None
@@ -107,10 +110,10 @@ class LiveServer:
         self._runner = web.AppRunner(self.server.app(), handler_cancellation=True,
                                      shutdown_timeout=self.server.config.drain_seconds + 1)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, self.host, 0)
         await site.start()
-        host, port = self._runner.addresses[0][:2]
-        self.url = f"http://{host}:{port}"
+        self.port = self._runner.addresses[0][1]
+        self.url = f"http://127.0.0.1:{self.port}"
 
     def __exit__(self, *exc) -> None:
         try:
@@ -157,16 +160,17 @@ def sse_events(resp: requests.Response) -> list:
 
 class ServeProcess:
     """``spectest serve`` in a subprocess on a free port (``--port 0``; the URL is read from
-    the start-up line); ``args`` are extra CLI flags, ``env`` extra environment (inherited
-    ``OTEL_*`` variables are dropped). Stopped with SIGTERM (then killed) on exit.
+    the start-up line); ``args`` are extra CLI flags (``threads=None``: no ``--threads``, the
+    server's default), ``env`` extra environment (inherited ``OTEL_*`` variables are dropped).
+    Stopped with SIGTERM (then killed) on exit.
     """
 
     def __init__(self, *args: str, models: Path | None = None, startup_timeout: float = 90.0,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, threads: int | None = 1):
         root = models or models_dir()
         self.argv = [sys.executable, "-m", "spectest", "serve", "--port", "0",
                      "--model", str(root / "target"), "--draft", str(root / "draft"),
-                     "--threads", "1", *args]
+                     *(("--threads", str(threads)) if threads else ()), *args]
         self.startup_timeout = startup_timeout
         self.env = {**{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
                     **(env or {}), "PYTHONUNBUFFERED": "1"}

@@ -1,11 +1,13 @@
 """Hypothesis strategies for fuzzing the HTTP API: JSON-schema-valid bodies, then mutations.
 
 Owns: :func:`from_schema`, a translator from the JSON Schema subset that pydantic emits
-(``type``, ``anyOf``, ``$ref``/``$defs``, ``enum``/``const``, numeric and length bounds,
-``properties``/``required``) to strategies that generate *valid* bodies, and
+(``type``, ``anyOf``/``oneOf``, ``$ref``/``$defs``, ``enum``/``const``, numeric and length
+bounds, ``properties``/``required``; cross-field ``allOf``/``if``/``then`` rules are ignored)
+to strategies that generate *valid* bodies, and
 :func:`fuzz_request`, which takes such a body and applies one random mutation (drop a field,
 add an unknown one, wrong type, extreme number, replace the whole body, truncate or corrupt
-the bytes) — so the fuzzer explores both the generation path and every rejection path.
+the bytes, put a lone surrogate into a string) — so the fuzzer explores both the generation
+path and every rejection path.
 (``hypothesis-jsonschema`` would do the first half but does not run on this hypothesis.)
 
 Does not know: HTTP or the server; it returns ``(mutation name, body bytes, headers)``.
@@ -40,8 +42,9 @@ def from_schema(schema: dict, overrides: dict[str, st.SearchStrategy] | None = N
             return overrides[path]
         if "$ref" in node:
             return build(defs[node["$ref"].rsplit("/", 1)[-1]], path)
-        if "anyOf" in node:
-            return st.one_of([build(option, path) for option in node["anyOf"]])
+        if "anyOf" in node or "oneOf" in node:  # oneOf: pydantic's tagged unions (disjoint)
+            return st.one_of([build(option, path) for option in node.get("anyOf",
+                                                                            node.get("oneOf"))])
         if "const" in node:
             return st.just(node["const"])
         if "enum" in node:
@@ -80,7 +83,21 @@ def from_schema(schema: dict, overrides: dict[str, st.SearchStrategy] | None = N
 
 
 MUTATIONS = ("valid", "drop field", "unknown field", "wrong type", "extreme number",
-             "other json", "truncated", "corrupted bytes", "random bytes")
+             "lone surrogate", "other json", "truncated", "corrupted bytes", "random bytes")
+# st.text() never draws a surrogate, but JSON can carry lone ones ("\udcff" is valid JSON)
+SURROGATE = st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF, categories=["Cs"])
+
+
+def _string_leaves(node, path=()):
+    """Paths to every string in a JSON value (dict keys and list indices)."""
+    if isinstance(node, str):
+        yield path
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            yield from _string_leaves(value, (*path, key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _string_leaves(value, (*path, i))
 
 
 @st.composite
@@ -96,6 +113,15 @@ def fuzz_request(draw, valid: st.SearchStrategy[dict]) -> tuple[str, bytes, dict
         body[draw(st.sampled_from(sorted(body)))] = draw(JSON_VALUES)
     elif mutation == "extreme number" and body:
         body[draw(st.sampled_from(sorted(body)))] = draw(EXTREME_NUMBERS)
+    elif mutation == "lone surrogate" and body:
+        leaves = list(_string_leaves(body))
+        path = draw(st.sampled_from(leaves)) if leaves else (draw(st.sampled_from(sorted(body))),)
+        parent = body
+        for key in path[:-1]:
+            parent = parent[key]
+        text = parent[path[-1]] if isinstance(parent[path[-1]], str) else ""
+        at = draw(st.integers(0, len(text)))
+        parent[path[-1]] = text[:at] + draw(SURROGATE) + text[at:]
     elif mutation == "other json":
         body = draw(JSON_VALUES)
     raw = json.dumps(body).encode()

@@ -23,6 +23,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from prometheus_client.parser import text_string_to_metric_families
 
 from live_server import ServeProcess, models_dir, run_cli, sse_events
+from spectest.server.serve import default_threads
 from spectest.telemetry import names
 
 KEY = "cli-key"
@@ -48,12 +49,25 @@ def served(tmp_path_factory):
 def test_startup_line_names_a_working_url(served):
     proc, _ = served
     line = proc.output.splitlines()[0]
-    assert line.startswith("spectest serving 'cli-test' (drafter draft-model, K policy fixed)")
+    assert line.startswith("spectest serving 'cli-test' (drafter draft-model, K policy fixed, ")
+    assert "1 torch thread(s))" in line  # ServeProcess passes --threads 1
     assert proc.url.startswith("http://127.0.0.1:")
     assert requests.get(proc.url + "/health", timeout=10).json() == {"status": "ok"}
     models = requests.get(proc.url + "/v1/models", headers=AUTH, timeout=10).json()
     assert [m["id"] for m in models["data"]] == ["cli-test"]
     assert requests.get(proc.url + "/v1/models", timeout=10).status_code == 401
+
+
+@pytest.mark.parametrize("cores, threads", [(1, 1), (2, 1), (4, 3), (16, 15)])
+def test_default_threads_leave_the_event_loop_a_core(cores, threads):
+    assert default_threads(cores) == threads
+
+
+def test_without_threads_the_start_up_line_says_the_default():
+    with ServeProcess(threads=None) as proc:
+        line = proc.output.splitlines()[0]
+    assert (f"{default_threads()} torch thread(s) (default: usable cores − 1, the event loop "
+            "gets the other; --threads N)") in line
 
 
 def test_metrics_are_the_name_table_without_created_series(served):

@@ -26,7 +26,7 @@ MODELS = Path(os.environ.get("SPECTEST_TEST_MODELS", MODELS_DIR))
 pytestmark = pytest.mark.skipif(not (MODELS / "target" / "config.json").is_file(),
                                 reason=f"no model pair in {MODELS} (set SPECTEST_TEST_MODELS)")
 FIGURES = {"speedup", "throughput", "tpot", "ttft", "acceptance", "acceptance_per_position",
-           "k_advisor"}
+           "k_advisor", "cost"}
 
 
 def sweep_cmd(out: Path, *extra: str) -> list[str]:
@@ -83,14 +83,19 @@ def test_a_short_sweep_writes_every_file(tmp_path):
         assert r.requests == sum(1 for x in sent if x["step"] >= 1)
         assert {x["speculative"] for x in sent} == {"off" if r.arm == "base" else "on"}
 
-    for name in ("report.html", "report.md", "breakpoints.csv", "k_advice.csv",
+    for name in ("report.html", "report.md", "breakpoints.csv", "k_advice.csv", "cost.csv",
                  "k_profile.json", "k_profile_validation.json", "server.log",
                  "server-advised.log"):
         assert (out / name).stat().st_size > 0, name
     assert {p.stem for p in (out / "plots").glob("*.png")} == FIGURES
     md = (out / "report.md").read_text()
-    assert "**chat**: at concurrency 1 speculation is" in md
-    assert "**code**: at concurrency 1 speculation is" in md
+    # 2 s steps: a verdict or "not enough data", but always with the requests behind it
+    for w in ("chat", "code"):
+        assert f"**{w}**: at concurrency 1 " in md
+        line = next(x for x in md.splitlines() if x.startswith(f"- **{w}**"))
+        assert "n = " in line and ("interval" in line or "not enough data" in line)
+    two = table.requests - table.failures >= 2  # a step with 2+ successes has an interval
+    assert table[two].tpot_p50_log_se.notna().all() and table[~two].tpot_p50_log_se.isna().all()
     bps = pd.read_csv(out / "breakpoints.csv")
     assert set(bps.kind) == {"crossover_tpot", "crossover_throughput", "slo", "knee",
                              "max_goodput"}

@@ -55,6 +55,15 @@ def test_external_hosts_have_no_default_slo_or_validation():
     assert cfg("--host", "http://x", "--slo-tpot-ms", "50").slo.tpot_p99_ms == 50
 
 
+def test_report_options_default_and_land_in_the_sweep_json_config():
+    c = cfg()
+    assert c.min_requests_per_step == 20 and c.price_per_hour is None
+    j = cfg("--min-requests-per-step", "50", "--price-per-hour", "2.5",
+            "--spec-price-per-hour", "2.75", "--target-rps", "12").to_json()
+    assert (j["min_requests_per_step"], j["price_per_hour"], j["spec_price_per_hour"],
+            j["target_rps"], j["target_output_tps"]) == (50, 2.5, 2.75, 12, None)
+
+
 def test_windows_split_the_measured_time_by_the_warmup_length():
     assert (cfg("--step-time", "20", "--warmup", "5").window_s,
             cfg("--step-time", "20", "--warmup", "5").windows) == (5.0, 4)
@@ -70,6 +79,9 @@ def test_windows_split_the_measured_time_by_the_warmup_length():
     (["--step-time", "0"], "--step-time must be positive"),
     (["--slo-tpot-ms", "-1"], "--slo-tpot-ms must be positive"),
     (["--host", "http://x", "--validate-k", "on"], "needs --embedded"),
+    (["--min-requests-per-step", "0"], "--min-requests-per-step must be at least 1"),
+    (["--spec-price-per-hour", "2"], "needs --price-per-hour"),
+    (["--target-rps", "5", "--target-output-tps", "100"], "not both"),
 ])
 def test_bad_options(argv, message):
     with pytest.raises(C.ConfigError, match=message):

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
+from spectest import flavours
 from spectest.report.render import render_report
 from spectest.sweep import run as run_mod
 from spectest.sweep.config import SweepConfig
@@ -55,6 +56,7 @@ class FakeSteps:
 @pytest.fixture
 def runner(tmp_path, monkeypatch):
     monkeypatch.setattr(run_mod, "check_server", lambda url: "fake-model")
+    monkeypatch.setattr(run_mod, "detect_flavour", lambda url: flavours.SPECTEST)
 
     def make(steps=(1, 2, 4, 8, 16, 32, 64), workloads=("chat", "code"), interrupt_at=None,
              **kw):

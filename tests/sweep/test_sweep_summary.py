@@ -2,6 +2,7 @@
 Prometheus exposition — every expected number is worked out in the comments."""
 
 import json
+import math
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -65,6 +66,26 @@ def test_step_row_uses_only_the_measured_windows(run_dir):
     assert row["acceptance_pos_1"] == pytest.approx((0.3 * 20 + 0.6 * 30) / 50)
     assert (row["k"], row["rounds"], row["draft_ms_per_round"]) == (4.0, 50.0, 1.5)
     assert row["run_dir"] == "c2" and row["itl_p50_ms"] == 6.0
+    # goodput tokens: the SLO-meeting requests' 15 + 10 tokens inside [102, 106]
+    assert row["goodput_tokens_per_s"] == pytest.approx(25 / 4)
+
+
+def test_interval_columns_are_bootstrap_standard_errors_of_the_logs(run_dir):
+    row = summarize(run_dir, workload="chat", arm="spec", concurrency=2, warmup_steps=1)
+    # TPOT of the two measured successes: 1000/9 and 2000/9 ms. Resampling two values gives
+    # medians a, (a+b)/2, b with probabilities 1/4, 1/2, 1/4: SD of the log ≈ 0.245.
+    a, b = math.log(1000 / 9), math.log(2000 / 9)
+    m = math.log(1500 / 9)
+    mean = (a + 2 * m + b) / 4
+    sd = math.sqrt(((a - mean) ** 2 + 2 * (m - mean) ** 2 + (b - mean) ** 2) / 4)
+    assert row["tpot_p50_log_se"] == pytest.approx(sd, rel=0.1)
+    for col in ("output_tokens_per_s_log_se", "goodput_tokens_per_s_log_se"):
+        assert row[col] > 0
+    # a step with a single success has nothing to resample: the columns stay empty
+    lines = (run_dir / "requests.jsonl").read_text().splitlines()
+    (run_dir / "requests.jsonl").write_text("\n".join(lines[:2]) + "\n")
+    one = summarize(run_dir, workload="chat", arm="spec", concurrency=2, warmup_steps=1)
+    assert one["tpot_p50_log_se"] is None
 
 
 def test_no_measured_window_means_no_row(run_dir):

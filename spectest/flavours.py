@@ -1,0 +1,192 @@
+"""Server flavours: what each OpenAI-compatible server spectest measures calls things and can do.
+
+One row per flavour — spectest's bundled server, vLLM, SGLang, llama.cpp's ``llama-server`` —
+holding *names and semantics*, read by every part that talks to a server:
+
+* the scraper (``loadgen.scrape``): which ``/metrics`` samples are the four vLLM-semantics
+  speculative-decoding counters, and whether they carry a ``workload`` label;
+* the load generator and the auditor: where a response carries its own draft statistics
+  (spectest's ``spec`` object, llama.cpp's ``timings.draft_n``), which request fields the server
+  refuses (``echo``), whether it takes token-id prompts and reports token ids in logprobs;
+* the sweep: whether speculation can be switched off per request or needs a second server;
+* the dashboard and alert generators (``dashboards/``, ``alerts/``): which metrics of the one
+  table (``telemetry.names``) exist under which sample name, and with which labels.
+
+Semantics shared by every row (vLLM's, see shared/REFERENCE.md): ``drafts`` is +1 per request
+per verification step that carried drafts; ``draft_tokens`` the tokens proposed;
+``accepted`` the tokens accepted; ``accepted_per_pos{position=i}`` +1 for each of the first
+n_accepted positions, 0-based.  What a flavour does differently is a field of its row, not a
+branch elsewhere (``counters_at_request_end``: llama.cpp adds a request's counts to its
+counters only when the request finishes).
+
+This module is plain data plus two small parsers; it imports no torch, HTTP client or
+Prometheus library, so Locust workers, the dashboard builder and the server can all read it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from spectest.telemetry import names as N
+
+
+@dataclass(frozen=True)
+class Flavour:
+    key: str  # spectest | vllm | sglang | llamacpp — used in files, flags and CSV columns
+    display: str  # for people: "llama.cpp"
+    prefix: str  # metric-name prefix, with the colon
+    # names.py metric name (``spectest:`` form) → this server's sample name; only what it has
+    samples: Mapping[str, str] = field(default_factory=dict)
+    # labels this server puts on every series of the table's metrics (vLLM: model_name, engine)
+    labels: tuple[str, ...] = ()
+    workload_label: bool = False  # spec counters split by the X-Spectest-Workload header
+    accept_length_gauge: str = ""  # SGLang: a mean accepted length gauge instead of counters
+    counters_at_request_end: bool = False  # counts land when a request finishes, not per step
+    histograms: bool = True  # latency histograms (TTFT/TPOT/E2E) on /metrics
+    # Series with no counterpart in the table (``names.ALL``) that the dashboards chart where a
+    # server has them: role → sample name, no labels of their own.  Roles:
+    # prompt_tokens_cached (counter: prompt tokens reused from the prefix cache),
+    # prompt_seconds / generation_seconds (counters: time spent on prefill / on generating,
+    # summed over requests), decode_calls (counter: batched target forwards),
+    # busy_slots_per_decode (gauge: running mean of busy slots per decode call since start).
+    extras: Mapping[str, str] = field(default_factory=dict)
+    # --- the request side ---------------------------------------------------------------
+    speculative_switch: str = ""  # request field that turns speculation off per request
+    response_stats: str = ""  # where a response carries its draft stats: "spec" | "timings"
+    echo_scoring: bool = False  # /v1/completions echo + logprobs scores a prompt
+    token_id_prompts: bool = True  # "prompt": [ids]
+    logprob_token_ids: str = ""  # how logprobs name tokens by id: "token_id:N" | "content.id"
+    tokenize_path: str = ""  # an endpoint that turns text into the server's token ids
+    draft_token_logprobs: bool = True  # logprobs reported for tokens accepted from a draft
+    refused_fields: tuple[str, ...] = ()  # request fields refused (or silently ignored)
+    # Sampling: the order of the transforms, and fields a sampled request must set so that the
+    # server samples from temperature/top-k/top-p alone (llama.cpp adds min_p 0.05 otherwise).
+    # "temperature-first": softmax(logits / T), then top-k, then top-p (vLLM, HF, spectest);
+    # "temperature-last": top-k, then top-p on softmax(logits), then T (llama.cpp's chain).
+    sampling_order: str = "temperature-first"
+    sampling_overrides: Mapping[str, object] = field(default_factory=dict)
+    no_prefix_cache: Mapping[str, object] = field(default_factory=dict)  # fields: recompute all
+
+    def sample(self, spec: N.MetricSpec) -> str | None:
+        """The scraped sample name of ``spec`` on this server (None: it has no such metric)."""
+        return self.samples.get(spec.name)
+
+    def has(self, *specs: N.MetricSpec) -> bool:
+        return all(s.name in self.samples for s in specs)
+
+
+def _same_names(prefix: str, specs: tuple[N.MetricSpec, ...]) -> dict[str, str]:
+    """vLLM-style: the table's names under another prefix, counters with ``_total``."""
+    return {s.name: N.renamed(s, prefix) + ("_total" if s.kind == "counter" else "")
+            for s in specs}
+
+
+_SPEC_COUNTERS = (N.SPEC_NUM_DRAFTS, N.SPEC_NUM_DRAFT_TOKENS, N.SPEC_NUM_ACCEPTED_TOKENS,
+                  N.SPEC_NUM_ACCEPTED_PER_POS)
+
+SPECTEST = Flavour(
+    key="spectest", display="spectest", prefix=N.PREFIX,
+    samples={s.name: s.sample_name for s in N.ALL},
+    labels=N.REQUEST_LABELS, workload_label=True,
+    speculative_switch="speculative", response_stats="spec", echo_scoring=True,
+    logprob_token_ids="token_id:N",
+)
+
+# The documented ``vllm:`` counterparts (shared/REFERENCE.md); everything else is spectest-only.
+VLLM = Flavour(
+    key="vllm", display="vLLM", prefix="vllm:",
+    samples=_same_names("vllm:", _SPEC_COUNTERS + (
+        N.TTFT, N.ITL, N.TPOT, N.E2E, N.QUEUE, N.PREFILL, N.DECODE, N.RUNNING, N.WAITING,
+        N.KV_USAGE, N.PROMPT_TOKENS, N.GENERATION_TOKENS, N.PREEMPTIONS, N.REQUEST_SUCCESS)),
+    labels=("model_name", "engine"), echo_scoring=True, logprob_token_ids="token_id:N",
+    tokenize_path="/tokenize",
+)
+
+SGLANG = Flavour(
+    key="sglang", display="SGLang", prefix="sglang:",
+    accept_length_gauge="sglang:spec_accept_length", echo_scoring=True,
+    logprob_token_ids="token_id:N",
+)
+
+# llama.cpp's llama-server (tools/server/server-task.cpp, `to_metrics`): no labels, no
+# histograms; its spec counters are summed from each slot when a request finishes.
+LLAMACPP = Flavour(
+    key="llamacpp", display="llama.cpp", prefix="llamacpp:",
+    samples={
+        **_same_names("llamacpp:", _SPEC_COUNTERS),
+        N.PROMPT_TOKENS.name: "llamacpp:prompt_tokens_total",
+        N.GENERATION_TOKENS.name: "llamacpp:tokens_predicted_total",
+        N.RUNNING.name: "llamacpp:requests_processing",
+        N.WAITING.name: "llamacpp:requests_deferred",
+    },
+    extras={"prompt_tokens_cached": "llamacpp:prompt_tokens_cached_total",
+            "prompt_seconds": "llamacpp:prompt_seconds_total",
+            "generation_seconds": "llamacpp:tokens_predicted_seconds_total",
+            "decode_calls": "llamacpp:n_decode_total",
+            "busy_slots_per_decode": "llamacpp:n_busy_slots_per_decode"},
+    counters_at_request_end=True, histograms=False, response_stats="timings",
+    logprob_token_ids="content.id", tokenize_path="/tokenize", draft_token_logprobs=False,
+    echo_scoring=False,
+    refused_fields=("echo", "best_of", "suffix"),
+    sampling_order="temperature-last", no_prefix_cache={"cache_prompt": False},
+    sampling_overrides={"min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0,
+                        "presence_penalty": 0.0, "frequency_penalty": 0.0,
+                        "dry_multiplier": 0.0, "xtc_probability": 0.0, "top_n_sigma": -1.0},
+)
+
+FLAVOURS: tuple[Flavour, ...] = (SPECTEST, VLLM, SGLANG, LLAMACPP)
+BY_KEY = {f.key: f for f in FLAVOURS}
+# Extra llama.cpp series the dashboards chart (not in the table: no other server has them).
+LLAMACPP_BUSY_SLOTS = "llamacpp:n_busy_slots_per_decode"
+LLAMACPP_DECODE_CALLS = "llamacpp:n_decode_total"
+
+
+def get(key: str) -> Flavour:
+    try:
+        return BY_KEY[key]
+    except KeyError:
+        raise ValueError(f"unknown server flavour {key!r} (known: "
+                         f"{', '.join(BY_KEY)})") from None
+
+
+def detect(sample_names: set[str] | frozenset[str]) -> Flavour | None:
+    """The flavour whose speculative-decoding or serving metrics appear in ``/metrics``.
+
+    spectest first: a spectest server never exposes another prefix, but a proxy might.
+    """
+    for f in FLAVOURS:
+        if f.accept_length_gauge and f.accept_length_gauge in sample_names:
+            return f
+        if any(name in sample_names for name in f.samples.values()):
+            return f
+    return None
+
+
+@dataclass(frozen=True)
+class ResponseStats:
+    """One response's own draft statistics (None where the server does not say)."""
+
+    drafts: int | None
+    draft_tokens: int
+    accepted_tokens: int
+
+    def as_spec(self) -> dict:
+        """spectest's ``spec`` object shape, which requests.jsonl and the auditor keep."""
+        return {"drafts": self.drafts, "draft_tokens": self.draft_tokens,
+                "accepted_tokens": self.accepted_tokens,
+                "mean_accepted_length": (1 + self.accepted_tokens / self.drafts
+                                         if self.drafts else None)}
+
+
+def response_stats(body: Mapping) -> ResponseStats | None:
+    """Draft stats from a response body or final stream event, whichever server sent it."""
+    spec = body.get("spec")
+    if isinstance(spec, Mapping) and spec.get("draft_tokens") is not None:
+        return ResponseStats(spec.get("drafts"), int(spec.get("draft_tokens") or 0),
+                             int(spec.get("accepted_tokens") or 0))
+    timings = body.get("timings")
+    if isinstance(timings, Mapping) and "draft_n" in timings:
+        return ResponseStats(None, int(timings.get("draft_n") or 0),
+                             int(timings.get("draft_n_accepted") or 0))
+    return None

@@ -1,0 +1,1 @@
+"""Third-party servers spectest is tested against (llama.cpp's llama-server)."""
