@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from spectest import flavours
-from spectest.audit.samples import AuditError, Completion, parse_logprobs
+from spectest.audit.samples import AuditError, Completion, parse_logprobs, whole_tokens
 
 WORKLOAD_HEADER = "X-Spectest-Workload"
 
@@ -183,7 +183,9 @@ class Client:
         body.update(self.endpoint.extra)
         data = await self.call("POST", "/v1/completions", body)
         choice = first_choice(data, self.role)
-        positions = parse_logprobs(choice.get("logprobs"), f"the {self.role}", logprobs)
+        lp, left_out = whole_tokens(choice.get("logprobs"),
+                                    (data.get("usage") or {}).get("completion_tokens"))
+        positions = parse_logprobs(lp, f"the {self.role}", logprobs)
         if len(positions) > max_tokens:
             raise AuditError(f"the {self.role} returned {len(positions)} tokens for max_tokens "
                              f"{max_tokens}")
@@ -191,7 +193,7 @@ class Client:
         return Completion(tuple(p.token for p in positions), positions,
                           choice.get("finish_reason"),
                           {**(data.get("spec") or {}), **spec.as_spec()} if spec else None,
-                          pieces=_pieces(choice.get("logprobs")))
+                          pieces=_pieces(lp), left_out=left_out)
 
     async def echo(self, prompt, logprobs: int) -> tuple[dict | None, int | None]:
         """An echo request that generates nothing (``max_tokens: 0``, the OpenAI scoring idiom);

@@ -195,6 +195,11 @@ def summary_text(report: dict) -> str:
                      f"{coverage['candidate_unreported']} of {coverage['logprob_positions']} "
                      f"generated positions (tokens accepted from a draft); the logprob check "
                      f"covers the rest")
+    if coverage.get("left_out_tokens"):
+        lines.append(f"- {coverage['left_out_tokens']} generated tokens were left out: they came "
+                     f"after a character the server reported as one logprobs entry although it "
+                     f"spans several tokens (llama.cpp), where its entries stop lining up with "
+                     f"the tokens")
     for key, what in (("baseline_unscored", "logprob positions"),
                       ("distribution_unscored", "sampled tokens")):
         if coverage.get(key):

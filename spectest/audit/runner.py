@@ -154,6 +154,7 @@ async def _collect(s: AuditSettings, cand_ep: Endpoint, base_ep: Endpoint,
             bar.close()
             c_out, b_out, scored = (list(x) for x in zip(*runs))
             result.speculation["greedy"] = _spec_totals(c_out)
+            _count(result.coverage, "left_out_tokens", sum(c.left_out for c in c_out + b_out))
             if s.noise_floor:
                 result.noise_floor = await noise.measure(base, cases, b_out, s.logprobs,
                                                          s.tie_tolerance)
@@ -174,6 +175,7 @@ async def _collect(s: AuditSettings, cand_ep: Endpoint, base_ep: Endpoint,
             t0 = time.perf_counter()
             triples = await sampled_phase(cand, base, cases, s)
             result.speculation["sampled"] = _spec_totals([c for _, c, _ in triples])
+            _count(result.coverage, "left_out_tokens", sum(c.left_out for _, c, _ in triples))
             if "logprobs" in s.checks:
                 result.diffs += _diffs(cases, triples, tie_tol, result.coverage)
                 result.logprobs = logprobs.check(result.diffs, thresholds)

@@ -60,6 +60,7 @@ class Completion:
     finish_reason: str | None = None
     spec: Mapping | None = None  # per-response speculation stats (spectest's shape), if any
     pieces: tuple[bytes, ...] | None = None  # each token's bytes, where the server says them
+    left_out: int = 0  # generated tokens past the last aligned logprobs entry (``whole_tokens``)
 
     @property
     def drafts(self) -> int | None:
@@ -121,6 +122,28 @@ def parse_logprobs(obj: Mapping | None, where: str, want_top: int,
         pairs = [(parse_token(t, where), _finite(v, where)) for t, v in (top or {}).items()]
         out.append(_position(token, _finite(lp, where), pairs, where, want_top))
     return tuple(out)
+
+
+def whole_tokens(obj, completion_tokens: int | None) -> tuple[object, int]:
+    """Cut a llama.cpp ``content`` list where it stops lining up with the generated tokens.
+
+    llama.cpp reports one logprobs entry per whole UTF-8 character: a character spread over
+    several tokens gets the entry of its first token (with that token's id and logprobs, and
+    the whole character as text) and the other tokens get none, so from there on entry i is no
+    longer token i. When there are fewer entries than generated tokens, the entries are kept up
+    to and including the first one whose text is not ASCII (the earliest a character can span
+    tokens); entries missing only at the end (a character not yet complete) shift nothing.
+    Returns the logprobs object to parse and how many generated tokens it leaves out."""
+    if not (isinstance(obj, Mapping) and isinstance(obj.get("content"), list)):
+        return obj, 0
+    content = obj["content"]
+    if not completion_tokens or len(content) >= completion_tokens:
+        return obj, 0
+    for i, entry in enumerate(content):
+        text = entry.get("token") if isinstance(entry, Mapping) else None
+        if isinstance(text, str) and not text.isascii():
+            return {**obj, "content": content[:i + 1]}, completion_tokens - (i + 1)
+    return obj, completion_tokens - len(content)
 
 
 def _content_position(entry, where: str, want_top: int) -> Position:

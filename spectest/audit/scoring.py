@@ -43,6 +43,7 @@ from spectest.audit.samples import (
     PromptCase,
     parse_logprobs,
     parse_token,
+    whole_tokens,
 )
 
 PROBE_TEXT = "The capital of France is Paris. The capital of Italy is"
@@ -213,6 +214,9 @@ def _take(out: list[Position | None], tokens: Sequence[int], positions: Sequence
     return j + len(positions)
 
 
+UTF8_TAIL = 4  # tokens generated beyond a run that ends inside a UTF-8 character
+
+
 async def _generate(client: Client, prompt, max_tokens: int, logprobs: int,
                     fresh: bool = False) -> tuple[Completion, int | None]:
     body = {**client.body(prompt, max_tokens=max_tokens, temperature=0, logprobs=logprobs,
@@ -221,7 +225,18 @@ async def _generate(client: Client, prompt, max_tokens: int, logprobs: int,
         body.update(client.routes.flavour.no_prefix_cache)
     data = await client.call("POST", "/v1/completions", body)
     choice = first_choice(data, client.role)
-    positions = parse_logprobs(choice.get("logprobs"), f"{client.where} (scoring)", logprobs)
+    for extra in (UTF8_TAIL, 2 * UTF8_TAIL):
+        if choice.get("logprobs") or not (data.get("usage") or {}).get("completion_tokens"):
+            break
+        # llama.cpp holds a token's logprobs back until its text is whole UTF-8: a run that
+        # ends inside a multi-byte character (text "\ufffd") reports none. Generate on a little
+        # so the character completes; positions past the ones wanted are ignored.
+        body["max_tokens"] = max_tokens + extra
+        data = await client.call("POST", "/v1/completions", body)
+        choice = first_choice(data, client.role)
+    lp, _ = whole_tokens(choice.get("logprobs"),
+                         (data.get("usage") or {}).get("completion_tokens"))
+    positions = parse_logprobs(lp, f"{client.where} (scoring)", logprobs)
     return (Completion(tuple(p.token for p in positions), positions),
             (data.get("usage") or {}).get("prompt_tokens"))
 

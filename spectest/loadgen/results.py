@@ -12,7 +12,8 @@ One run writes one folder (``--results-dir``; a new test start truncates it):
     (the server's per-response object or null), ``speculative`` (on|off|default, as requested),
     ``schedule_lag_ms`` (open loop: send time minus scheduled arrival), ``slo_ok``,
     ``reconnects`` (1 when the request was resent because the server had closed the kept-alive
-    connection without reading it; see ``client.py``). ``spec`` is normalised to spectest's
+    connection without reading it; see ``client.py``), ``client_cpu`` (the share of one core
+    the sending Locust process used over the last second; ``cpu.py``). ``spec`` is normalised to spectest's
     shape whatever the server: llama.cpp's ``timings.draft_n`` / ``draft_n_accepted`` become
     ``draft_tokens`` / ``accepted_tokens`` with ``drafts`` null (it does not report them).
 ``steps.csv``  one row per (step, workload) plus a ``workload = all`` row per step; rewritten
@@ -52,6 +53,9 @@ One run writes one folder (``--results-dir``; a new test start truncates it):
     mean_accepted_length   1 + Δaccepted / Δdrafts (SGLang: its gauge at the step's end)
     client_acceptance_rate, client_mean_accepted_length
                            the same figures summed from the per-response ``spec`` objects
+    client_cpu             the busiest load-generating process's mean CPU share (1.0 = one
+                           core) over the step's requests
+    client_saturated       client_cpu ≥ 0.85: the client, not the server, may set the latency
     acceptance_pos_0 …     Δaccepted at draft position i / Δdrafts; as many columns as the
                            largest draft position seen in the run (always last)
     ====================== ===============================================================
@@ -79,6 +83,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from spectest.loadgen import cpu as cpu_mod
 from spectest.loadgen.client import StreamResult
 from spectest.loadgen.scrape import ALL, Acceptance, Snapshot, acceptance
 
@@ -90,11 +95,12 @@ COLUMNS = (["step", "workload", "users", "request_rate", "speculative", "started
            + ["output_tokens", "output_tokens_per_s", "requests_per_s", "goodput_rps",
               "slo_attainment", "tokens_per_chunk", "acceptance_source", "drafts",
               "draft_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_length",
-              "client_acceptance_rate", "client_mean_accepted_length"])
+              "client_acceptance_rate", "client_mean_accepted_length", "client_cpu",
+              "client_saturated"])
 
 
 def request_row(r: StreamResult, *, worker: str, speculative: str, slo_ok: bool,
-                schedule_lag_s: float | None = None) -> dict:
+                schedule_lag_s: float | None = None, client_cpu: float | None = None) -> dict:
     """A StreamResult as one ``requests.jsonl`` object (times in ms, rounded to µs)."""
     ms = lambda s: None if s is None else round(s * 1e3, 3)  # noqa: E731
     return {"started_at": round(r.started_at, 6), "sent_mono": round(r.sent_mono, 6),
@@ -106,7 +112,8 @@ def request_row(r: StreamResult, *, worker: str, speculative: str, slo_ok: bool,
             "output_tokens": r.output_tokens, "prompt_tokens": r.prompt_tokens,
             "tokens_per_chunk": r.tokens_per_chunk, "usage_reported": r.usage_reported,
             "spec": r.spec, "speculative": speculative, "schedule_lag_ms": ms(schedule_lag_s),
-            "slo_ok": bool(r.ok and slo_ok), "reconnects": r.reconnects}
+            "slo_ok": bool(r.ok and slo_ok), "reconnects": r.reconnects,
+            "client_cpu": None if client_cpu is None else round(client_cpu, 3)}
 
 
 @dataclass
@@ -128,9 +135,11 @@ class _Bucket:
     itl: array = field(default_factory=lambda: array("d"))
     e2el: array = field(default_factory=lambda: array("d"))
     errors: Counter = field(default_factory=Counter)
+    cpu: list = field(default_factory=list)  # (worker, client_cpu) of every row
 
     def add(self, row: dict) -> None:
         self.requests += 1
+        self.cpu.append((row.get("worker", "local"), row.get("client_cpu")))
         self.reconnects += row.get("reconnects") or 0
         if not row["ok"]:
             self.failures += 1
@@ -324,7 +333,9 @@ class ResultsSink:
                                     if b.spec_draft_tokens else None),
             client_mean_accepted_length=(1 + b.spec_accepted / b.spec_drafts
                                          if b.spec_drafts and b.spec_rows_with_drafts == ok
-                                         else None))
+                                         else None),
+            client_cpu=cpu_mod.busiest(b.cpu))
+        row["client_saturated"] = cpu_mod.is_saturated(row["client_cpu"])
         for i in range(self.max_positions):
             per = acc.per_position if acc else ()
             row[f"acceptance_pos_{i}"] = per[i] if i < len(per) else None
@@ -341,6 +352,9 @@ def summary_line(row: dict) -> str:
     if row.get("usage_missing"):
         extra += (f" no_usage={row['usage_missing']} (tokens counted as chunks: an undercount "
                   f"when a chunk holds several)")
+    flag = cpu_mod.flag_text(row.get("client_cpu"))
+    if flag:
+        extra += f" WARNING {flag}"
     return (f"step {row['step']} [{row['workload']}] users={row['users']} "
             f"req={row['requests']} fail={row['failures']} "
             f"ttft_p50={f(row['ttft_p50_ms'], '.1f')}ms tpot_p50={f(row['tpot_p50_ms'], '.2f')}ms "

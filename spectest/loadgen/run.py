@@ -27,6 +27,7 @@ from locust.runners import MasterRunner, WorkerRunner
 
 from spectest.loadgen import results
 from spectest.loadgen.client import TraceIds
+from spectest.loadgen.cpu import CpuMeter
 from spectest.loadgen.datasets import Dataset, DatasetError, Record, load_dataset
 from spectest.loadgen.options import OptionsError, SpecOptions
 from spectest.loadgen.scrape import Scraper, Snapshot
@@ -62,6 +63,7 @@ class LoadRun:
         self._datasets: dict[str, Iterator[Record]] = {}
         self._ticker: gevent.Greenlet | None = None
         self.last_ok = self.last_fail = self.started = 0.0
+        self.cpu = CpuMeter()  # this process's CPU share, stamped on every request row
 
     @property
     def owner(self) -> bool:

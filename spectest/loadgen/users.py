@@ -85,7 +85,7 @@ class SpecUser(FastHttpUser):
             run.submit(results.request_row(
                 result, worker=worker, speculative=run.opts.speculative_label,
                 slo_ok=run.opts.slo_ok(result.ttft_s, result.tpot_s, result.e2el_s),
-                schedule_lag_s=lag if turn == 0 else None))
+                schedule_lag_s=lag if turn == 0 else None, client_cpu=run.cpu.fraction()))
             if not result.ok:
                 if result.connection_error:
                     gevent.sleep(BACKOFF_S)

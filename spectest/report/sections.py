@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from spectest.loadgen import cpu
 from spectest.report import advisor
 from spectest.report import breakpoints as bpm
 from spectest.report import cost as costm
@@ -167,6 +168,9 @@ def setup_section(an: Analysis) -> Section:
     machine = info.get("machine") or {}
     if machine:
         setup.append(busy_machine(machine, t))
+    client = load_generator(t)
+    if client:
+        setup.append(client)
     notes = list(info.get("notes") or [])
     return Section("Setup", [Bullets(setup)] + ([Bullets(notes)] if notes else []))
 
@@ -309,6 +313,22 @@ def busy_machine(machine: dict, t: pd.DataFrame) -> str:
                  f"{cpus} CPUs): differences between arms of a few tens of percent may be "
                  f"noise; re-run on a quiet machine or with longer --step-time.**")
     return text
+
+
+def load_generator(t: pd.DataFrame) -> str:
+    """The load generator's own CPU: '' for steps.csv files without it, a warning naming the
+    steps where it was near saturation (their latencies are partly the client's)."""
+    if "client_cpu" not in t or t.client_cpu.dropna().empty:
+        return ""
+    shares = t.client_cpu.astype(float)
+    hot = t[shares >= cpu.SATURATED]
+    if hot.empty:
+        return (f"Load generator: the busiest Locust process used at most {shares.max():.0%} "
+                f"of a core in any step (flagged at {cpu.SATURATED:.0%}): it had headroom.")
+    where = ", ".join(f"{r.workload} {r.arm} c={r.concurrency:g} ({float(r.client_cpu):.0%})"
+                      for r in hot.itertuples())
+    return (f"**Load generator saturated in {len(hot)} step(s): {where}. Latencies measured "
+            f"there include the client's own queueing; {cpu.ADVICE}.**")
 
 
 def _server(info: dict) -> str:

@@ -39,6 +39,9 @@
     draft_ms_per_round,         mean drafting and verify time of one engine round (spectest
     verify_ms_per_round         servers: ``spec_decode_{draft,verify}_time_seconds``)
     loadavg                     the host's 1-minute load average at the step's end (noise)
+    client_cpu,                 the busiest Locust process's mean CPU share over the step
+    client_saturated            (1.0 = one core) and whether it reached 0.85: then the client,
+                                not the server, may be setting the latencies
     run_dir                     the Locust results folder of the step (relative)
     =========================== ===========================================================
 
@@ -74,7 +77,7 @@ COLUMNS = (["workload", "arm", "concurrency", "k", "started_at", "duration_s", "
               "tokens_per_chunk", "acceptance_source", "drafts", "draft_tokens",
               "accepted_tokens", "acceptance_rate", "mean_accepted_length", "rounds",
               "mean_batch", "draft_ms_per_round", "verify_ms_per_round", "loadavg",
-              "run_dir"])
+              "client_cpu", "client_saturated", "run_dir"])
 
 
 class SweepError(ValueError):

@@ -61,6 +61,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-prompt-chars", type=int, default=None,
                    help="skip longer prompts (default 2000 with --embedded, else no limit)")
     g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature")
+    g.add_argument("--processes", type=int, default=1,
+                   help="load-generating Locust processes per step (> 1: Locust's master with "
+                        "that many workers on this machine; each step's line warns when one "
+                        "process was near saturation)")
     g.add_argument("--patience", type=int, default=2,
                    help="stop a series this many steps past its saturation knee (0: never)")
     g = p.add_argument_group("servers")
@@ -130,6 +134,7 @@ class SweepConfig:
     max_prompt_chars: int = 0
     temperature: float = 0.0
     patience: int = 2
+    processes: int = 1
     host: str = ""
     baseline_host: str = ""
     embedded: bool = True
@@ -177,7 +182,7 @@ class SweepConfig:
                 "requests_per_step": self.requests_per_step, "arms": list(self.arms),
                 "seed": self.seed, "max_tokens": self.max_tokens,
                 "max_prompt_chars": self.max_prompt_chars, "temperature": self.temperature,
-                "patience": self.patience, "host": self.host,
+                "patience": self.patience, "processes": self.processes, "host": self.host,
                 "baseline_host": self.baseline_host, "embedded": self.embedded,
                 "model": self.model, "draft": self.draft, "k": self.k,
                 "server_args": list(self.server_args), "validate_k": self.validate_k,
@@ -205,6 +210,8 @@ class SweepConfig:
         embedded = a.embedded or not a.host
         if a.step_time <= 0 or a.warmup < 0:
             raise ConfigError("--step-time must be positive and --warmup at least 0")
+        if a.processes < 1:
+            raise ConfigError("--processes must be at least 1")
         if min(a.requests_per_step, a.max_tokens, a.patience) < 0 or a.k < 1:
             raise ConfigError("--requests-per-step, --max-tokens and --patience must be >= 0, "
                               "--k >= 1")
@@ -240,7 +247,7 @@ class SweepConfig:
                    steps=parse_steps(a.steps, a.max_concurrency), step_time_s=a.step_time,
                    warmup_s=a.warmup, requests_per_step=a.requests_per_step, arms=arms,
                    seed=a.seed, max_tokens=a.max_tokens, max_prompt_chars=max_prompt,
-                   temperature=a.temperature, patience=a.patience,
+                   temperature=a.temperature, patience=a.patience, processes=a.processes,
                    host=a.host.rstrip("/"), baseline_host=a.baseline_host.rstrip("/"),
                    embedded=embedded, model=a.model, draft=a.draft, k=a.k,
                    server_args=tuple(a.server_arg), validate_k=validate, slo=slo, **report)

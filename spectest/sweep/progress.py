@@ -13,6 +13,7 @@ import math
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from spectest.loadgen import cpu
 from spectest.sweep.step import Live
 
 
@@ -70,6 +71,9 @@ class Display:
             f"{_f(row.get('ttft_p99_ms'), '.0f')} ms · {_f(row.get('output_tokens_per_s'), '.0f')}"
             f" tok/s · {row.get('requests', 0)} req{fail}{acc}"
             + (f" · {note}" if note else ""))
+        flag = cpu.flag_text(row.get("client_cpu"))
+        if flag:
+            self.console.print(f"    [yellow]warning: {flag}[/yellow]")
 
     # --- everything else ------------------------------------------------------------------
     def message(self, text: str) -> None:

@@ -223,7 +223,7 @@ class SweepRunner:
                         slo_ttft_ms=cfg.slo.ttft_p99_ms or 0, slo_tpot_ms=cfg.slo.tpot_p99_ms or 0,
                         slo_e2el_ms=cfg.slo.e2el_p99_ms or 0,
                         requests_per_step=cfg.requests_per_step,
-                        min_requests=cfg.min_requests_per_step)
+                        min_requests=cfg.min_requests_per_step, processes=cfg.processes)
         self.display.start_step(name, arm, c, index, total, plan.planned_s)
         outcome = self.step_fn(plan, on_live=self.display.live, rel_to=self.out)
         row = outcome.row

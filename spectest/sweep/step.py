@@ -64,6 +64,7 @@ class StepPlan:
     min_requests: int = 0  # successful measured requests to reach (extends the step)
     stop_timeout_s: float = 30.0
     metrics_url: str = ""  # "" → host + /metrics
+    processes: int = 1  # load-generating Locust processes (> 1: a master and that many workers)
 
     @property
     def warmup_steps(self) -> int:
@@ -119,6 +120,8 @@ def run_step(plan: StepPlan, on_live: Callable[[Live], None] | None = None,
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     run = plan.locust_run()
     cmd = [sys.executable, "-m", "locust", "-f", locustfile_path(plan.workload)] + locust_args(run)
+    if plan.processes > 1:  # Locust forks the workers and runs the master itself
+        cmd += ["--processes", str(plan.processes)]
     env = {**os.environ}
     env.pop("LOCUST_SKIP_MONKEY_PATCH", None)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
@@ -188,6 +191,10 @@ def _stop(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+    try:  # forked workers (--processes) share the step's session: none outlives it
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _json(path: Path) -> dict | None:

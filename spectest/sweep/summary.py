@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from spectest.loadgen import cpu
 from spectest.report import evidence
 from spectest.report.table import COLUMNS, LATENCIES, PERCENTILES
 
@@ -145,6 +146,9 @@ def summarize(run_dir: Path, *, workload: str, arm: str, concurrency: int, warmu
         row["tpot_p50_rse"] = _rse([_pct(ok[ok.step == i].tpot_ms.astype(float), 50)
                                     for i in sorted(ok.step.unique())])
     row.update(_acceptance(run_dir, warmup_steps, ok))
+    if not measured.empty and "client_cpu" in measured:
+        row["client_cpu"] = cpu.busiest(zip(measured.worker, measured.client_cpu))
+        row["client_saturated"] = cpu.is_saturated(row["client_cpu"])
     for key, value in (engine or {}).items():
         if key == "k":
             row["k"] = value if row.get("k") is None else row["k"]

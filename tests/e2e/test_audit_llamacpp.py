@@ -12,12 +12,19 @@ that refuse token ids) still pass, with the re-tokenisation cost counted.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 
+import pytest
+import requests
+
 from conftest import ROOT, draft_spec
 
+from spectest.audit import scoring
+from spectest.audit.client import Client, Endpoint, Routes
+from spectest.flavours import LLAMACPP
 from spectest.thirdparty.llama_server import LlamaServer
 from tests.proxies import RewritingProxy
 
@@ -98,3 +105,53 @@ def test_text_prompts_still_audit_and_count_the_retokenisation(llama_pair, tmp_p
     for role in ("candidate", "baseline"):
         assert report["endpoints"][role]["routes"]["prompts"].startswith("text")
     assert "re-tokenised" in report["routes"]["greedy"]
+
+
+# A bundled RAG prompt plus a sampled continuation (token ids), after which SmolLM2's greedy
+# next token is one byte of a multi-byte character. llama.cpp withholds a token's logprobs until
+# its text is whole UTF-8, so a one-token generation there reports none — the default audit
+# stopped on it ("the baseline (scoring) returned no logprobs").
+PARTIAL_UTF8_PREFIX = [
+    4093, 42, 19842, 260, 1962, 1015, 805, 260, 14471, 30, 3069, 1520, 28, 2229, 327, 2229, 28,
+    897, 6330, 346, 6654, 335, 28, 965, 1928, 253, 1890, 2988, 30, 198, 198, 17911, 969, 42,
+    198, 198, 75, 33, 77, 27069, 974, 39185, 198, 1393, 954, 974, 39185, 27145, 314, 253, 2582,
+    10916, 2004, 4368, 3251, 281, 216, 34, 32, 32, 40, 411, 13440, 23607, 422, 2296, 30, 31501,
+    318, 1478, 288, 8180, 1528, 334, 363, 280, 28, 357, 4112, 20567, 4936, 715, 347, 659, 30,
+    20314, 28, 28241, 279, 28, 14088, 8100, 28, 7473, 340, 683, 94, 28, 12355, 1057, 15751, 28,
+    530, 568, 34700, 28, 3692, 40966, 2273, 28, 718, 568, 1268, 2280, 29, 103, 568, 28, 17006,
+    2746, 28, 43812, 23025, 28, 907, 55, 419, 28, 9793, 514, 28, 13300, 305, 1141, 284, 5816,
+    516, 1268, 29, 103, 2509, 30, 533, 4745, 216, 34, 32, 33, 35, 28, 357, 2163, 354, 4791,
+    35273, 4368, 282, 16887, 2680, 39185, 30, 198, 198, 75, 34, 77, 19414, 4173, 198, 58, 341,
+    4173, 365, 59, 30306, 1462, 42, 4173, 530, 2296, 29, 1425, 300, 28, 36794, 336, 42, 25947,
+    125, 239, 183, 248, 234, 118, 28, 4931, 42, 216, 112, 111, 227, 248, 234, 114, 121, 28,
+    4097, 42, 216, 28589,
+]
+
+
+def test_scoring_survives_a_token_that_ends_inside_a_character(llama_pair):
+    _, base_url = llama_pair
+    body = {"model": "smollm2", "prompt": PARTIAL_UTF8_PREFIX, "max_tokens": 1,
+            "temperature": 0, "logprobs": 20, "ignore_eos": True}
+    plain = requests.post(base_url + "/v1/completions", json=body, timeout=120).json()
+    if plain["choices"][0]["logprobs"]:
+        pytest.skip("on this build the greedy token after the prefix is whole UTF-8; the "
+                    "case under test does not arise")
+
+    async def generate():
+        async with Client(Endpoint("baseline", base_url, "smollm2")) as client:
+            client.routes = Routes(LLAMACPP, echo=False)
+            one = await scoring._generate(client, PARTIAL_UTF8_PREFIX, 1, 20)
+            run = await client.complete(PARTIAL_UTF8_PREFIX, max_tokens=8, temperature=0,
+                                        logprobs=20)
+            # each kept position is the server's greedy choice after the tokens before it
+            after = [await scoring._generate(client, PARTIAL_UTF8_PREFIX + list(run.tokens[:i]),
+                                             1, 20) for i in range(len(run.tokens))]
+        return one, run, after
+
+    (comp, n_prompt), run, after = asyncio.run(generate())
+    assert n_prompt == len(PARTIAL_UTF8_PREFIX)
+    assert comp.positions and comp.positions[0].reported and comp.positions[0].top
+    # the 8 tokens hold a character spread over several tokens: llama.cpp's entries stop
+    # lining up with the tokens after it, and the auditor keeps only the aligned ones
+    assert run.left_out > 0 and len(run.tokens) + run.left_out == 8
+    assert [c.tokens[0] for c, _ in after] == list(run.tokens)
