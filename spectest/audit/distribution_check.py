@@ -145,13 +145,22 @@ class DistributionResult:
 
 
 def check(items: Sequence[Sampled], spec: SamplingSpec, alpha: float, n_prompts: int,
-          seed: int, support_tolerance: float) -> DistributionResult:
+          seed: int, support_tolerance: float, edge_noise: float = 0.0) -> DistributionResult:
+    """``edge_noise`` (nats): where the baseline scores by generation it reports only its top-n,
+    so a token it ranks just past the top-k edge has no logprob. Such a token is a tie at the
+    edge, not a violation, when the candidate's own logprob for it is within ``edge_noise`` of
+    the baseline's k-th (the two servers' ranks swap there by batch-shape noise)."""
     rng = np.random.default_rng(seed)
     draws, violations, fit_pairs, dists = [], [], [], []
     skipped = 0
     for it in items:
         out = evaluate(it.prompt, it.index, it.token, it.scored, spec, float(rng.random()),
                        support_tolerance)
+        if (isinstance(out, Violation) and edge_noise > 0 and out.reason == "outside top-k"
+                and it.scored.logprob == float("-inf") and it.own is not None
+                and it.own.reported
+                and sampling_dist(it.scored.top, spec).edge - it.own.logprob < edge_noise):
+            out = None  # unreported by the baseline, within noise of its edge
         if isinstance(out, Violation):
             if it.own is not None and it.own.top:
                 own = sampling_dist(it.own.top, spec)

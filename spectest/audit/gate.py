@@ -195,6 +195,10 @@ def summary_text(report: dict) -> str:
                      f"{coverage['candidate_unreported']} of {coverage['logprob_positions']} "
                      f"generated positions (tokens accepted from a draft); the logprob check "
                      f"covers the rest")
+    if coverage.get("logprob_unmeasured"):
+        lines.append(f"- {coverage['logprob_unmeasured']} sampled tokens were past the top-n the "
+                     f"baseline reports when it scores by generation: their logprob difference "
+                     f"is not measured (KL on the shared top-n still is)")
     if coverage.get("left_out_tokens"):
         lines.append(f"- {coverage['left_out_tokens']} generated tokens were left out: they came "
                      f"after a character the server reported as one logprobs entry although it "

@@ -61,22 +61,26 @@ class PositionDiff:
     index: int  # generated position, 0-based
     token: int
     kl: float
-    abs_diff: float  # |candidate logprob - baseline logprob| of the emitted token
+    # |candidate logprob - baseline logprob| of the emitted token; 0.0 where the baseline scored
+    # by generation and the token is past its reported top-n (``unmeasured``: not known)
+    abs_diff: float
     top1_disagree: bool  # different top-1 and not a near-tie
     rank_agree: bool
+    unmeasured: bool = False  # the baseline reported no logprob for the token (past its top-n)
 
 
 def compare(prompt_id: str, index: int, cand: Position, base: Position,
             tie_tolerance: float) -> PositionDiff:
     kl = shared_kl(base, cand)
-    diff = abs(cand.logprob - base.logprob)
+    unmeasured = not math.isfinite(base.logprob)  # generation scoring: only the top-n is known
+    diff = 0.0 if unmeasured else abs(cand.logprob - base.logprob)
     disagree = False
     if cand.top and base.top and cand.top[0][0] != base.top[0][0]:
         other = base.logprob_of(cand.top[0][0])
         disagree = other is None or base.top[0][1] - other >= tie_tolerance
     rank = lambda pos: next((i for i, (t, _) in enumerate(pos.top) if t == pos.token), None)
     return PositionDiff(prompt_id, index, cand.token, kl, diff, disagree,
-                        rank(cand) == rank(base))
+                        rank(cand) == rank(base), unmeasured)
 
 
 @dataclass(frozen=True)

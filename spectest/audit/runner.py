@@ -190,7 +190,8 @@ async def _collect(s: AuditSettings, cand_ep: Endpoint, base_ep: Endpoint,
                     items.append(distribution_check.Sampled(i, j, tok, here, own))
             spec = replace(s.sampling, order=_sampling_order(cand.routes))
             result.distribution = distribution_check.check(
-                items, spec, s.alpha, len(cases), s.seed, s.support_tolerance)
+                items, spec, s.alpha, len(cases), s.seed, s.support_tolerance,
+                edge_noise=0.0 if base.routes.echo else tie_tol)
             result.timings["sampled_s"] = time.perf_counter() - t0
 
 
@@ -290,7 +291,10 @@ def _diffs(cases: list[PromptCase], triples, tie_tolerance: float,
             elif scored[n + j] is None:
                 _count(coverage, "baseline_unscored")
             else:
-                out.append(logprobs.compare(cases[i].id, j, pos, scored[n + j], tie_tolerance))
+                diff = logprobs.compare(cases[i].id, j, pos, scored[n + j], tie_tolerance)
+                if diff.unmeasured:
+                    _count(coverage, "logprob_unmeasured")
+                out.append(diff)
     return out
 
 
