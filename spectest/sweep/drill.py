@@ -79,12 +79,10 @@ def _gauges(url: str) -> tuple[float | None, float | None]:
             values.get(N.SPECULATION_SWITCHES.sample_name))
 
 
-def _flipper(url: str, flips: tuple[Flip, ...], t0: list[float], out: list[FlipRecord],
+def _flipper(url: str, flips: tuple[Flip, ...], t0: float, out: list[FlipRecord],
              stop: threading.Event) -> None:
-    while not t0 and not stop.is_set():
-        time.sleep(0.01)
     for flip in flips:
-        if stop.wait(max(0.0, t0[0] + flip.at_s - time.time())):
+        if stop.wait(max(0.0, t0 + flip.at_s - time.time())):
             return
         sent = time.time()
         state = _post(url, {"enabled": flip.enabled})
@@ -102,12 +100,11 @@ def run_drill(out: Path, serve_args: list[str], workload: str = "chat", users: i
     out.mkdir(parents=True, exist_ok=True)
     records: list[FlipRecord] = []
     with EmbeddedServer(serve_args, out / "server.log") as url:
-        t0: list[float] = []
+        t0 = time.time()  # the Locust run starts now; flips are planned from here
         stop = threading.Event()
         flipper = threading.Thread(target=_flipper, args=(url, flips, t0, records, stop),
                                    daemon=True)
         flipper.start()
-        t0.append(time.time())
         outcome = run_locust(LocustRun(workload, host=url, results_dir=out / "locust",
                                        users=users, run_time_s=run_time_s,
                                        max_tokens=max_tokens, stop_timeout_s=30))
@@ -116,8 +113,8 @@ def run_drill(out: Path, serve_args: list[str], workload: str = "chat", users: i
     rows = [json.loads(line) for line in
             (out / "locust" / "requests.jsonl").read_text().splitlines() if line.strip()]
     result = {"workload": workload, "users": users, "run_time_s": run_time_s,
-              "started_at": t0[0], "locust_returncode": outcome.returncode,
-              "flips": [asdict(r) for r in records], **analyse(rows, records, t0[0])}
+              "started_at": t0, "locust_returncode": outcome.returncode,
+              "flips": [asdict(r) for r in records], **analyse(rows, records, t0)}
     tmp = out / "drill.json.tmp"
     tmp.write_text(json.dumps(result, indent=1))
     tmp.replace(out / "drill.json")
