@@ -225,6 +225,11 @@ def _queue_growing(c: Ctx) -> str:
             f"  sum by ({by}) (deriv({waiting}[{c.window}])) > 0\n")
 
 
+def _drafter_failing(c: Ctx) -> str:
+    by = ", ".join(c.where.engine_by)
+    return f"sum by ({by}) (increase({c.sel(N.SPEC_DRAFT_ERRORS)}[{c.window}])) > 0\n"
+
+
 def _engine_long(c: Ctx) -> str:
     d = c.where
     return f"{d.target} (drafter {d.drafter})" if d.drafter else d.target
@@ -253,6 +258,18 @@ ALERTS: tuple[Alert, ...] = (
                   f"Without speculation a round emits exactly 1, so the draft and the wider "
                   f"verify forward are buying almost nothing.{c.where.act_now()}",
         window="10m", for_="15m", late_window="30m", late_for="15m"),
+    Alert(
+        "SpecDecodeDrafterFailing", "speculative-decoding", (N.SPEC_DRAFT_ERRORS,),
+        _drafter_failing, "warning",
+        lambda c: f"{TWO_DECIMALS} rounds of {c.where.short(c.where.engine_by)} ran without "
+                  f"drafts: the drafter is failing",
+        lambda c: f"Over the last {c.minutes}, {TWO_DECIMALS} engine rounds of {_engine_long(c)} "
+                  f"lost their drafts because the drafter failed (for {c.for_minutes}): with "
+                  f"a disaggregated drafter (`spectest serve --draft-url`), the draft server "
+                  f"is down, timing out or answering garbage. Requests are still served, "
+                  f"target-only — no errors, but the speed of no speculation."
+                  f"{c.where.act_now()}",
+        window="5m", for_="2m"),
     Alert(
         "TTFTSLOBreach", "serving", (N.TTFT,), _slo_breach(N.TTFT, TTFT_SLO_SECONDS), "critical",
         lambda c: f"TTFT SLO breached on {c.where.target}: {PCT} of requests within "

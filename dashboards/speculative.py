@@ -165,6 +165,20 @@ def _round_timing(f: Flavour):
             "heads); speculation pays only while mean accepted length > 1 + c·K.",
             "short", (Query(f"({mean(f, names.SPEC_DRAFT_TIME)}) / "
                             f"({mean(f, names.SPEC_VERIFY_TIME)})", f.legend()),), min=0),
+        lambda: PanelSpec(
+            "Draft network time per round", "Mean time per engine round spent reaching a "
+            "draft model in another process (`spectest serve --draft-url`): transport, "
+            "encoding, the draft server's queue. 0 when the draft is co-located. Healthy: "
+            "a small fraction of the verify time; it is paid once per round whatever K is, "
+            "so a large one favours longer drafts or no speculation.", "s",
+            (Query(f"{rate(f, names.SPEC_NETWORK_TIME, '_sum')} / "
+                   f"{rate(f, names.SPEC_ROUNDS)}", f.legend()),), min=0),
+        lambda: PanelSpec(
+            "Rounds without drafts (drafter failed)", "Engine rounds per second that ran "
+            "target-only because the drafter failed (a draft server down or timing out). "
+            "Healthy: 0. Requests keep being served, at the speed of no speculation; the "
+            "runbook of SpecDecodeDrafterFailing says what to do.", "ops",
+            (Query(rate(f, names.SPEC_DRAFT_ERRORS), f.legend()),), min=0),
     )
 
 

@@ -57,6 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_arguments(p)
     p.set_defaults(func=serve.main)
 
+    from spectest.remote import service as draft_service
+    p = sub.add_parser("serve-draft", help="serve a draft model to `spectest serve --draft-url` "
+                                           "(disaggregated drafting)")
+    draft_service.add_arguments(p)
+    p.set_defaults(func=draft_service.main)
+
     p = sub.add_parser("train-demo-models", help="train the embedded target/draft pair")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "models")
     p.add_argument("--seed", type=int, default=0)
@@ -123,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-_PLAIN = {"CheckpointError", "ValueError", "FileNotFoundError", "CorpusError",
-          "ChatTemplateError", "CapacityError"}
+_PLAIN = {"CheckpointError", "ValueError", "RemoteDraftError", "FileNotFoundError",
+          "CorpusError", "ChatTemplateError", "CapacityError"}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -55,13 +55,16 @@ def build_engine(target: str | Path = "embedded", draft: str | Path | None = "em
                  max_num_seqs: int = 8, max_model_len: int = 1024, max_waiting: int = 256,
                  faults: frozenset[str] = frozenset(), ngram_max: int = 4,
                  ngram_min: int = 1, k_reserve: int = 0,
-                 policy_options: PolicyOptions | None = None) -> SpecEngine:
+                 policy_options: PolicyOptions | None = None,
+                 drafter_instance: Drafter | None = None) -> SpecEngine:
     """``k_reserve``: reserve KV room per sequence for drafts of up to this K even if the
     policy drafts fewer (so K can be raised at runtime); ``policy_options``: how runtime
-    policy changes are built (default: within the start-up policy's bounds)."""
+    policy changes are built (default: within the start-up policy's bounds);
+    ``drafter_instance``: a drafter built by the caller (e.g. one in another process) instead
+    of ``drafter`` / ``draft``."""
     target_model = load_checkpoint(resolve_model_path(target))
     draft_model = None
-    if drafter == "draft-model":
+    if drafter == "draft-model" and drafter_instance is None:
         draft_model = load_checkpoint(resolve_model_path(draft or "embedded-draft"))
         t_vocab = target_model.model.config.vocab_size
         if draft_model.model.config.vocab_size != t_vocab or \
@@ -74,7 +77,8 @@ def build_engine(target: str | Path = "embedded", draft: str | Path | None = "em
     cfg = EngineConfig(SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                        max_waiting=max_waiting, spec_slots=k_limit + 1),
                        faults=faults)
-    made = make_drafter(drafter, draft_model, max_num_seqs, max_model_len, ngram_max, ngram_min)
+    made = drafter_instance or make_drafter(drafter, draft_model, max_num_seqs, max_model_len,
+                                            ngram_max, ngram_min)
     control = control_for(policy, max(1, k_limit), not isinstance(made, NoDrafter),
                           policy_options)
     return SpecEngine(target_model.model, target_model.tokenizer, made, policy, cfg,

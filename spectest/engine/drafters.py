@@ -7,7 +7,10 @@ match the last n tokens against the sequence so far, propose what followed; dete
 one-hot probabilities) and :class:`NoDrafter` (the target-only baseline, K = 0).
 
 Does not know: the target, acceptance or scheduling. The engine tells a drafter how many of
-the tokens it fed are still valid after verification (:meth:`Drafter.rewind`).
+the tokens it fed are still valid after verification (:meth:`Drafter.rewind`). A drafter that
+lives in another process (``spectest.remote``) implements the same protocol; a drafter that
+cannot draft this round returns an empty :class:`Proposal` with ``error`` set, and the round
+runs without drafts.
 """
 
 from __future__ import annotations
@@ -40,11 +43,15 @@ class Proposal:
     tokens: torch.Tensor  # [B, K] long, padded with 0 past lens
     lens: torch.Tensor  # [B] long
     probs: torch.Tensor | None  # [B, K, V] draft distributions; None = one-hot on tokens
+    # A drafter in another process: the part of the drafting time spent outside the draft
+    # model (transport, encoding, the other side's queue), and why it returned no drafts.
+    network_seconds: float = 0.0
+    error: str | None = None
 
     @staticmethod
-    def empty(batch: int) -> "Proposal":
+    def empty(batch: int, error: str | None = None, network_seconds: float = 0.0) -> "Proposal":
         return Proposal(torch.zeros(batch, 0, dtype=torch.long),
-                        torch.zeros(batch, dtype=torch.long), None)
+                        torch.zeros(batch, dtype=torch.long), None, network_seconds, error)
 
 
 # Confidence early exit: given the draft's max probability per row at this step [B], return

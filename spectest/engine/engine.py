@@ -235,7 +235,7 @@ class SpecEngine:
                 row_of.append(i)
 
         t0 = time.perf_counter()
-        proposal = self.drafter.propose(rows, stop=self.policy.stop_drafting) if rows else None
+        proposal = self.drafter.propose(rows, stop=self.policy.stop_rule()) if rows else None
         t1 = time.perf_counter()
 
         K = int(proposal.lens.max()) if proposal is not None and len(rows) else 0
@@ -302,7 +302,9 @@ class SpecEngine:
         running, waiting = self.scheduler.counts()
         record = RoundRecord(self.rounds, started, B, decision.k, decision.reason, t1 - t0,
                              t2 - t1, tuple(row_records), self.drafter.name, running, waiting,
-                             self.kv_usage())
+                             self.kv_usage(),
+                             proposal.network_seconds if proposal is not None else 0.0,
+                             proposal.error if proposal is not None else None)
         self.rounds += 1
         for observer in self.observers:
             observer(record)

@@ -21,6 +21,16 @@ POLICIES = ("fixed", "adaptive", "confidence", "goodput")  # the names make_poli
 
 
 @dataclass(frozen=True)
+class ConfidenceStop:
+    """Stop drafting when the batch-mean of the draft's max probability falls below a bar."""
+
+    threshold: float
+
+    def __call__(self, max_probs: torch.Tensor) -> bool:  # max_probs [B]
+        return float(max_probs.mean()) < self.threshold
+
+
+@dataclass(frozen=True)
 class Decision:
     k: int
     reason: str
@@ -33,9 +43,10 @@ class KPolicy:
     def choose(self, batch_size: int) -> Decision:
         raise NotImplementedError
 
-    def stop_drafting(self, max_probs: torch.Tensor) -> bool:
-        """Called per draft step with the draft's max probability per row [B]."""
-        return False
+    def stop_rule(self) -> ConfidenceStop | None:
+        """The drafter's early exit for this policy (None: draft all K). Data, not a closure,
+        so a drafter in another process can apply it too."""
+        return None
 
     def observe(self, proposed: int, accepted: int) -> None:
         """Draft tokens proposed and accepted in the round just verified (all rows)."""
@@ -99,8 +110,8 @@ class ConfidenceK(KPolicy):
     def choose(self, batch_size):
         return Decision(self.k_max, f"confidence k<={self.k_max} thr={self.threshold}")
 
-    def stop_drafting(self, max_probs):
-        return float(max_probs.mean()) < self.threshold
+    def stop_rule(self):
+        return ConfidenceStop(self.threshold)
 
 
 @dataclass(frozen=True)
@@ -176,8 +187,8 @@ class DisableAbove(KPolicy):
             return Decision(0, f"disabled: batch {batch_size} > {self.max_batch}")
         return self.inner.choose(batch_size)
 
-    def stop_drafting(self, max_probs):
-        return self.inner.stop_drafting(max_probs)
+    def stop_rule(self):
+        return self.inner.stop_rule()
 
     def observe(self, proposed, accepted):
         self.inner.observe(proposed, accepted)

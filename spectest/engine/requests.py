@@ -106,3 +106,5 @@ class RoundRecord:
     running: int
     waiting: int
     kv_usage: float  # 0..1 of the target's KV positions in use
+    network_seconds: float = 0.0  # part of draft_seconds outside the draft model (remote drafter)
+    draft_error: str | None = None  # the drafter failed this round; it ran without drafts

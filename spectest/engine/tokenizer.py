@@ -12,6 +12,7 @@ Does not know: files or formats. ``spectest.engine.loader`` (HF directories) and
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from datetime import datetime
@@ -69,6 +70,13 @@ class Tokenizer:
         """Number of token ids the tokenizer can produce (added tokens included). The model's
         embedding may be larger (padded); never smaller."""
         return self.backend.get_vocab_size(with_added_tokens=True)
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """sha256 of the id ⇄ token map (added tokens included): two tokenizers with the same
+        fingerprint give every token the same id, which is what a draft and its target share."""
+        vocab = sorted(self.backend.get_vocab(with_added_tokens=True).items(), key=lambda t: t[1])
+        return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
 
     def stream_decoder(self, skip_special_tokens: bool = True) -> "StreamDecoder":
         return StreamDecoder(self, skip_special_tokens)

@@ -15,7 +15,14 @@ From a sweep it takes, per workload:
 and predicts the speedup with the seeds' formula, generalised from one α to per-position
 acceptance and with c measured per load:
 
-    speedup(K, c) = E_K / (1 + c_eff(c) · K),   E_K = 1 + Σ_{i<K} p_i
+    speedup(K, c) = E_K / (1 + c_eff(c) · K + ν(c)),   E_K = 1 + Σ_{i<K} p_i
+
+ν is the **network term** of a disaggregated drafter (``spectest serve --draft-url``): the
+measured network milliseconds per round (``spec_decode_draft_network_seconds``) over T0. It is
+paid once per round whatever K is (ν = 0 at K = 0 and for a co-located draft), so it is taken
+out of the round cost before c_eff is derived; a large ν favours longer K, or no speculation.
+``network_ms`` asks "what if" — the advice as if every round paid that many milliseconds (plan
+a disaggregation from a co-located sweep, or another network from a measured one).
 
 (with p_i = α^{i+1} this is exactly (1 − α^{K+1}) / ((1 − α)(1 + cK))). Costs are assumed
 linear in K around the K that ran. K = 0 (speculation off) has speedup 1, so the advisor says
@@ -60,8 +67,9 @@ def expected_tokens(p: tuple[float, ...], k: int) -> float:
     return 1.0 + float(sum(p[:k]))
 
 
-def predict(p: tuple[float, ...], c_eff: float, k: int) -> float:
-    return expected_tokens(p, k) / (1 + c_eff * k)
+def predict(p: tuple[float, ...], c_eff: float, k: int, nu: float = 0.0) -> float:
+    """Speedup at K = k; ``nu``: the per-round network term in target steps (0 at k = 0)."""
+    return expected_tokens(p, k) / (1 + c_eff * k + (nu if k > 0 else 0.0))
 
 
 def extend(p: tuple[float, ...], k_max: int) -> tuple[float, ...]:
@@ -141,6 +149,8 @@ class Costs:
     n_spec: int | None = None  # successful requests per arm at this load
     n_base: int | None = None
     rounds: float | None = None  # speculative engine rounds behind the round timings
+    network_ms: float | None = None  # per round, inside round_ms (disaggregated drafter)
+    network_source: str = ""  # "measured" | "assumed" (a what-if) | "" (co-located)
 
     def supported(self, min_requests: int = MIN_REQUESTS_PER_STEP) -> bool:
         """Engine rounds rest on the server's counters; client TPOT on enough requests."""
@@ -154,12 +164,21 @@ class Costs:
 
     @property
     def c_eff(self) -> float:
-        """Overhead per draft token in units of a target step: (R/T0 − 1) / K."""
-        return max(0.0, (self.round_ms / self.target_ms - 1) / self.k)
+        """Overhead per draft token in units of a target step: ((R − net)/T0 − 1) / K, where
+        net is the network time the measured round paid (0 co-located)."""
+        paid = self.network_ms if self.network_source == "measured" else 0.0
+        return max(0.0, ((self.round_ms - (paid or 0.0)) / self.target_ms - 1) / self.k)
+
+    @property
+    def nu(self) -> float:
+        """The network term per round in target steps (0 without one)."""
+        return (self.network_ms or 0.0) / self.target_ms
 
 
-def costs(table: pd.DataFrame, workload: str, k: int) -> list[Costs]:
-    """Costs per concurrency where both arms were measured."""
+def costs(table: pd.DataFrame, workload: str, k: int,
+          network_ms: float | None = None) -> list[Costs]:
+    """Costs per concurrency where both arms were measured; ``network_ms``: a what-if network
+    term per round (replaces any measured one)."""
     t = table[table.workload == workload]
     s = t[t.arm == "spec"].set_index("concurrency")
     b = t[t.arm == "base"].set_index("concurrency")
@@ -170,14 +189,25 @@ def costs(table: pd.DataFrame, workload: str, k: int) -> list[Costs]:
         rounds = float(rs.get("rounds")) if _ok(rs.get("rounds")) else None
         d, v, v0 = rs.get("draft_ms_per_round"), rs.get("verify_ms_per_round"), \
             rb.get("verify_ms_per_round")
+        net = rs.get("network_ms_per_round")
+        measured = float(net) if _ok(net) and float(net) > 0 else None  # 0: co-located
+        network = ({"network_ms": network_ms, "network_source": "assumed"}
+                   if network_ms is not None else
+                   {"network_ms": measured, "network_source": "measured"}
+                   if measured is not None else {})
+        if network_ms is not None and measured is not None:  # the what-if replaces it
+            d = float(d) - measured if _ok(d) else d
         if _ok(d) and _ok(v) and _ok(v0) and float(v0) > 0:
             out.append(Costs(float(c), k, float(v0), float(d) + float(v), float(d), float(v),
-                             "engine rounds", *n, rounds))
+                             "engine rounds", *n, rounds, **network))
             continue
         ts, tb, e = rs.get("tpot_p50_ms"), rb.get("tpot_p50_ms"), rs.get("mean_accepted_length")
         if _ok(ts) and _ok(tb) and _ok(e) and float(tb) > 0:
-            out.append(Costs(float(c), k, float(tb), float(ts) * float(e), None, None,
-                             "client TPOT", *n))
+            round_ms = float(ts) * float(e)
+            if network_ms is not None and measured is not None:
+                round_ms -= measured
+            out.append(Costs(float(c), k, float(tb), round_ms, None, None,
+                             "client TPOT", *n, **network))
     return out
 
 
@@ -200,6 +230,8 @@ class Advice:
     supported: bool = True  # False: costs from too few requests — no best K is stated
     rounds: float | None = None  # engine rounds behind the costs (engine-round source)
     validated_evidence: ev.Ratio | None = None  # the validation run's speedup, n, interval
+    network_ms: float | None = None  # the network term per round in the prediction
+    network_source: str = ""  # "measured" | "assumed" | "" (none)
 
     def basis(self) -> str:
         """What the row rests on: requests per arm, interval, and rounds when from the engine."""
@@ -210,8 +242,10 @@ class Advice:
 
 
 def advise(table: pd.DataFrame, workload: str, k_max: int = K_MAX,
-           min_requests: int = MIN_REQUESTS_PER_STEP) -> list[Advice]:
-    """One Advice per concurrency with both arms measured (empty when K or acceptance unknown)."""
+           min_requests: int = MIN_REQUESTS_PER_STEP,
+           network_ms: float | None = None) -> list[Advice]:
+    """One Advice per concurrency with both arms measured (empty when K or acceptance unknown);
+    ``network_ms``: advise as if every draft round paid this network time."""
     k = k_run(table, workload)
     p = position_acceptance(table, workload)
     if not k or not p:
@@ -220,8 +254,8 @@ def advise(table: pd.DataFrame, workload: str, k_max: int = K_MAX,
     p = extend(p, k_max)
     t = table[table.workload == workload]
     out = []
-    for cost in costs(table, workload, k):
-        curve = tuple(predict(p, cost.c_eff, kk) for kk in range(k_max + 1))
+    for cost in costs(table, workload, k, network_ms):
+        curve = tuple(predict(p, cost.c_eff, kk, cost.nu) for kk in range(k_max + 1))
         best = int(np.argmax(curve))
         s = t[(t.arm == "spec") & (t.concurrency == cost.concurrency)].iloc[0]
         b = t[(t.arm == "base") & (t.concurrency == cost.concurrency)].iloc[0]
@@ -240,14 +274,17 @@ def advise(table: pd.DataFrame, workload: str, k_max: int = K_MAX,
         out.append(Advice(workload, cost.concurrency, k, cost.c_eff, cost.source, best,
                           curve[best], curve[k], measured, vk, validated, curve,
                           cost.plausible, ratio if ratio.value is not None else None,
-                          cost.supported(min_requests), cost.rounds, v_ratio))
+                          cost.supported(min_requests), cost.rounds, v_ratio,
+                          cost.network_ms, cost.network_source))
     return out
 
 
 def advice_frame(advice: list[Advice]) -> pd.DataFrame:
     """The advice as a table (``k_advice.csv``)."""
     rows = [{"workload": a.workload, "concurrency": a.concurrency, "k_run": a.k_run,
-             "c_eff": round(a.c_eff, 4), "cost_source": a.source, "best_k": a.best_k,
+             "c_eff": round(a.c_eff, 4), "cost_source": a.source,
+             "network_ms_per_round": None if a.network_ms is None else round(a.network_ms, 3),
+             "network_source": a.network_source or None, "best_k": a.best_k,
              "predicted_speedup_best_k": round(a.predicted_best, 4),
              "predicted_speedup_k_run": round(a.predicted_at_run, 4),
              "measured_speedup_k_run": None if a.measured_at_run is None
@@ -267,10 +304,11 @@ def profile_json(table: pd.DataFrame, workloads: list[str] | None = None,
                  k_max: int = K_MAX, min_requests: int = MIN_REQUESTS_PER_STEP) -> dict | None:
     """A ``Profile`` (engine/policies.py format) from the sweep, pooled over ``workloads``.
 
-    ``step_seconds[c][k]`` = T0(c)·(1 + c_eff(c)·k) for k = 0…k_max (round time at batch ≈ c),
-    ``accept_at_least`` = pooled per-position acceptance, continued to k_max. Load levels whose
-    costs are implausible (see ``Costs.plausible``) or rest on too few requests (client TPOT
-    under ``min_requests`` per arm) are left out. None when the sweep lacks acceptance or costs.
+    ``step_seconds[c][k]`` = T0(c)·(1 + c_eff(c)·k + ν(c)) for k = 1…k_max and T0(c) at k = 0
+    (round time at batch ≈ c), ``accept_at_least`` = pooled per-position acceptance, continued
+    to k_max. Load levels whose costs are implausible (see ``Costs.plausible``) or rest on too
+    few requests (client TPOT under ``min_requests`` per arm) are left out. None when the sweep
+    lacks acceptance or costs.
     """
     t = table if workloads is None else table[table.workload.isin(workloads)]
     k = k_run(t)
@@ -288,7 +326,9 @@ def profile_json(table: pd.DataFrame, workloads: list[str] | None = None,
     for c, cs in sorted(by_c.items()):
         t0 = float(np.mean([x.target_ms for x in cs])) / 1e3
         ce = float(np.mean([x.c_eff for x in cs]))
-        steps[str(round(c))] = {str(kk): t0 * (1 + ce * kk) for kk in range(k_max + 1)}
+        nu = float(np.mean([x.nu for x in cs]))  # a disaggregated drafter's network term
+        steps[str(round(c))] = {str(kk): t0 * (1 + ce * kk + (nu if kk else 0.0))
+                                for kk in range(k_max + 1)}
     return {"step_seconds": steps, "accept_at_least": list(extend(p, k_max)),
             "meta": {"source": "spectest sweep K advisor", "k_run": k,
                      "workloads": list(dict.fromkeys(t.workload)),

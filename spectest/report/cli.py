@@ -65,6 +65,10 @@ def add_report_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slo-tpot-ms", type=float, default=None, help="… TPOT p99")
     p.add_argument("--slo-e2el-ms", type=float, default=None,
                    help="… E2EL p99 (goodput keeps the per-request SLOs the sweep ran with)")
+    p.add_argument("--network-ms", type=float, default=None,
+                   help="K advice as if every draft round paid this network time (plan a "
+                        "disaggregated drafter from a co-located sweep; default: the measured "
+                        "network term, none when the draft is co-located)")
     add_analysis_arguments(p)
 
 
@@ -94,7 +98,9 @@ def report_main(args: argparse.Namespace) -> int:
         sweep = load_sweep(args.folder)
         slo = _slo(args, sweep.slo)
         m, cost = analysis_options(args)
-        out = render_report(args.folder, args.out, slo, m, cost)
+        if args.network_ms is not None and args.network_ms < 0:
+            raise SweepError("--network-ms must be at least 0")
+        out = render_report(args.folder, args.out, slo, m, cost, args.network_ms)
     except SweepError as e:
         print(f"spectest report: {e}", file=sys.stderr)
         return 2

@@ -6,7 +6,8 @@ requests behind it and its interval, or "not enough data"), acceptance and mean 
 length, both crossovers, and per arm the SLO break point, the saturation knee and the best
 goodput, each with what it rests on; the cheapest cost per 1M output tokens per arm and the
 saving from speculation; then per common concurrency the change in speculative TPOT p50 and
-throughput. The figures are the report's, with both sweeps on the same axes (A solid, B
+throughput, and — where the servers report round timings — the speculative round's draft,
+network and verify milliseconds (co-located vs disaggregated drafting, for example). The figures are the report's, with both sweeps on the same axes (A solid, B
 dashed). Output: ``compare.md``, a self-contained ``compare.html`` and ``plots/``.
 
 It reads two sweep folders and writes files; numbers come from ``sections.analyse``.
@@ -130,6 +131,32 @@ def changes(a: Analysis, b: Analysis) -> tuple[list[list[str]], list[list[str]],
     return summary, steps, lines
 
 
+def round_rows(a: Sweep, b: Sweep) -> list[list[str]]:
+    """The speculative arm's engine round per concurrency in both sweeps: draft (of which
+    network, for a disaggregated drafter), verify, and rounds behind them. Empty when neither
+    server reports round timings (vLLM, SGLang, llama.cpp)."""
+    rows = []
+    for w in (w for w in a.workloads if w in b.workloads):
+        sa = a.series(w, "spec").set_index("concurrency")
+        sb = b.series(w, "spec").set_index("concurrency")
+        for c in sorted(set(sa.index) & set(sb.index)):
+            ra, rb = sa.loc[c], sb.loc[c]
+            if not any(_known(r.get("draft_ms_per_round")) for r in (ra, rb)):
+                continue
+            rows.append([w, fmt(c, "g")] + [
+                fmt(r.get(col), ".2f") for col in ("draft_ms_per_round", "network_ms_per_round",
+                                                   "verify_ms_per_round") for r in (ra, rb)]
+                + [fmt(r.get("rounds"), ",.0f") for r in (ra, rb)])
+    return rows
+
+
+def _known(v) -> bool:
+    try:
+        return v is not None and float(v) == float(v)
+    except (TypeError, ValueError):
+        return False
+
+
 def _goodput(bp: bpm.BreakPoint) -> str:
     if bp.status != bpm.FOUND:
         return bp.headline()
@@ -155,6 +182,7 @@ def compare(dir_a: str | Path, dir_b: str | Path, out: str | Path,
     if fig is not None:
         figures["cost"] = fig
     summary, steps, lines = changes(an_a, an_b)
+    rounds = round_rows(a, b)
     cost_rows = compare_rows(list(an_a.costs), list(an_b.costs), an_b.inputs)
     title = f"spectest compare — {a.label} vs {b.label}"
     sections = [
@@ -176,6 +204,15 @@ def compare(dir_a: str | Path, dir_b: str | Path, out: str | Path,
             ["workload", "c", f"n {a.label}", f"n {b.label}", f"TPOT p50 {a.label}",
              f"TPOT p50 {b.label}", "change", f"tok/s {a.label}", f"tok/s {b.label}", "change",
              f"acceptance {a.label}", f"acceptance {b.label}"], steps)]),
+        *([Section("Engine round of the speculative arm, A → B (ms per round)", [
+            "Mean milliseconds per engine round from the servers' round histograms. Draft "
+            "includes the network term of a drafter in another process (`spectest serve "
+            "--draft-url`): its round trip minus the draft model's own time, paid once per "
+            "round; 0 when the draft is co-located.",
+            Table(["workload", "c", f"draft {a.label}", f"draft {b.label}",
+                   f"network {a.label}", f"network {b.label}", f"verify {a.label}",
+                   f"verify {b.label}", f"rounds {a.label}", f"rounds {b.label}"], rounds)])]
+          if rounds else []),
         Section("Figures (A solid, B dashed)",
                 [Image(p, "K advisor of B" if name == "k_advisor" else name.replace("_", " "))
                  for name, p in figures.items()]),

@@ -277,7 +277,8 @@ def acceptance_per_position(sweeps: list[Sweep], path: Path) -> Path:
 
 def k_advisor(sweeps: list[Sweep], path: Path) -> Path | None:
     s = sweeps[-1]  # compare: the newer sweep's advice
-    advice = {w: advisor.advise(s.table, w) for w in s.workloads}
+    network = (s.info.get("config") or {}).get("network_ms")  # `report --network-ms`
+    advice = {w: advisor.advise(s.table, w, network_ms=network) for w in s.workloads}
     advice = {w: a for w, a in advice.items() if a}
     if not advice:
         return None

@@ -113,10 +113,12 @@ def cost_frame(an: Analysis) -> pd.DataFrame:
 
 def render_report(folder: str | Path, out: str | Path | None = None,
                   slo: SLO | None = None, min_requests: int | None = None,
-                  cost: costm.CostInputs | None = None) -> Rendered:
+                  cost: costm.CostInputs | None = None,
+                  network_ms: float | None = None) -> Rendered:
     """Render ``folder`` (a sweep) into ``out`` (default: the folder itself); ``slo``,
-    ``min_requests`` and ``cost`` override what the sweep ran with."""
-    sweep = with_options(load_sweep(folder), slo, min_requests, cost)
+    ``min_requests`` and ``cost`` override what the sweep ran with; ``network_ms`` gives the
+    K advice a what-if network term per round."""
+    sweep = with_options(load_sweep(folder), slo, min_requests, cost, network_ms)
     out = Path(out) if out else sweep.folder
     out.mkdir(parents=True, exist_ok=True)
     an = analyse(sweep)

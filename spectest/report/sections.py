@@ -41,7 +41,8 @@ class Analysis:
 
 
 def with_options(sweep: Sweep, slo: SLO | None = None, min_requests: int | None = None,
-                 cost: costm.CostInputs | None = None) -> Sweep:
+                 cost: costm.CostInputs | None = None,
+                 network_ms: float | None = None) -> Sweep:
     """The sweep with command-line overrides laid over its ``sweep.json`` options. Prices
     replace prices as a pair, and a target load replaces the other kind of target."""
     info = dict(sweep.info)
@@ -50,6 +51,8 @@ def with_options(sweep: Sweep, slo: SLO | None = None, min_requests: int | None 
         info["slo"] = slo.to_json()
     if min_requests is not None:
         cfg["min_requests_per_step"] = min_requests
+    if network_ms is not None:
+        cfg["network_ms"] = network_ms
     if cost is not None:
         new = cost.to_json()
         for pair in (("price_per_hour", "spec_price_per_hour"),
@@ -69,7 +72,9 @@ def analyse(sweep: Sweep) -> Analysis:
     inputs = costm.CostInputs.from_json(sweep.info.get("config"))
     found = bpm.find_all(t, sweep.slo, sweep.workloads, min_requests=m)
     costs = costm.analyse(t, sweep.slo, inputs, sweep.workloads, m)
-    advice = [a for w in sweep.workloads for a in advisor.advise(t, w, min_requests=m)]
+    network = (sweep.info.get("config") or {}).get("network_ms")  # a what-if (report flag)
+    advice = [a for w in sweep.workloads
+              for a in advisor.advise(t, w, min_requests=m, network_ms=network)]
     return Analysis(sweep, tuple(found), m, inputs, tuple(costs), tuple(advice))
 
 
@@ -244,6 +249,11 @@ def k_section(an: Analysis, figure: Path | None) -> Section:
              "; ".join(x for x in ("" if a.plausible else "costs implausible (noise)",
                                    f"{a.rounds:,.0f} engine rounds" if a.rounds else "") if x)]
             for a in advice]
+    networked = [a for a in advice if a.network_ms is not None]
+    if networked:  # a disaggregated drafter (measured) or a what-if: one more column
+        for row, a in zip(rows, advice):
+            row.insert(4, "–" if a.network_ms is None else
+                       f"{a.network_ms:.2f} ({a.network_source})")
     src = sorted({a.source for a in advice})
     blocks = [
         "From the measured per-position acceptance p_i and the measured cost of a speculative "
@@ -254,9 +264,19 @@ def k_section(an: Analysis, figure: Path | None) -> Section:
         f"costs come from {' and '.join(src)} and are assumed linear in K. The measured "
         f"speedup carries its requests and interval; costs from client TPOT with fewer than "
         f"{an.min_requests} successful requests per arm give no best K.",
-        Table(["workload", "c", "K run", "c (cost/draft token)", "measured speedup",
-               "predicted at K run", "best K", "predicted at best K", "validated", "note"],
-              rows)]
+        Table(["workload", "c", "K run", "c (cost/draft token)"]
+              + (["network ms/round"] if networked else [])
+              + ["measured speedup", "predicted at K run", "best K", "predicted at best K",
+                 "validated", "note"], rows)]
+    if networked:
+        blocks.append(
+            "**Network term.** The draft runs in another process (`spectest serve "
+            "--draft-url`) or a network is assumed (`spectest report --network-ms`): each "
+            "round pays the network time once, whatever K is, so the formula becomes "
+            "(1 + Σ_{i<K} p_i) / (1 + c·K + ν) with ν = network ms per round ÷ the target "
+            "step; c is derived with the measured network time taken out. \"measured\" is "
+            "the server's `spec_decode_draft_network_seconds` per round; \"assumed\" the "
+            "flag's value.")
     if not all(a.plausible for a in advice):
         blocks.append("\"costs implausible\": at that load the speculative round measured "
                       "cheaper than a plain target round, which cannot be — the two arms ran "
@@ -335,9 +355,11 @@ def _server(info: dict) -> str:
     server, hosts = info.get("server") or {}, info.get("hosts") or {}
     cfg = info.get("config") or {}
     if server.get("embedded"):
+        where = (" in its own `spectest serve-draft` process over loopback HTTP "
+                 "(disaggregated)" if cfg.get("disaggregated") else "")
         return (f"bundled `spectest serve` (model {server.get('model', '?')}, draft "
-                f"{cfg.get('draft', '?')}, K={cfg.get('k', '?')}), one server for both arms "
-                f"switched per request")
+                f"{cfg.get('draft', '?')}{where}, K={cfg.get('k', '?')}), one server for both "
+                f"arms switched per request")
     if hosts.get("base") and hosts.get("base") != hosts.get("spec"):
         return f"candidate {hosts.get('spec')} vs baseline {hosts.get('base')}"
     return f"{hosts.get('spec', '?')} (both arms, switched per request)"

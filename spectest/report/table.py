@@ -38,6 +38,9 @@
     rounds, mean_batch          engine rounds and requests per round (spectest servers)
     draft_ms_per_round,         mean drafting and verify time of one engine round (spectest
     verify_ms_per_round         servers: ``spec_decode_{draft,verify}_time_seconds``)
+    network_ms_per_round        a disaggregated drafter (``serve --draft-url``): network time
+                                per round inside draft_ms_per_round; empty when co-located
+    draft_errors                rounds that lost their drafts to a failed drafter
     loadavg                     the host's 1-minute load average at the step's end (noise)
     client_cpu,                 the busiest Locust process's mean CPU share over the step
     client_saturated            (1.0 = one core) and whether it reached 0.85: then the client,
@@ -76,7 +79,8 @@ COLUMNS = (["workload", "arm", "concurrency", "k", "started_at", "duration_s", "
               "slo_attainment",
               "tokens_per_chunk", "acceptance_source", "drafts", "draft_tokens",
               "accepted_tokens", "acceptance_rate", "mean_accepted_length", "rounds",
-              "mean_batch", "draft_ms_per_round", "verify_ms_per_round", "loadavg",
+              "mean_batch", "draft_ms_per_round", "verify_ms_per_round",
+              "network_ms_per_round", "draft_errors", "loadavg",
               "client_cpu", "client_saturated", "run_dir"])
 
 

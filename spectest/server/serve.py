@@ -26,6 +26,7 @@ from spectest.engine.api import DRAFTERS, build_engine, resolve_model_path
 from spectest.engine.control import PolicyOptions
 from spectest.engine.engine import FAULTS
 from spectest.engine.policies import POLICIES, make_policy
+from spectest.remote.drafter import RemoteDrafter
 from spectest.server.app import Server, ServerConfig
 from spectest.telemetry.tracing import build_tracer_provider
 
@@ -40,6 +41,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", default="embedded-draft",
                    help="draft checkpoint for --drafter draft-model (same tokenizer)")
     p.add_argument("--drafter", choices=DRAFTERS, default="draft-model")
+    p.add_argument("--draft-url", default=None,
+                   help="draft from a `spectest serve-draft` at this URL (disaggregated: the "
+                        "draft model and its KV cache live in that process; --draft is unused)")
+    p.add_argument("--draft-timeout", type=float, default=5.0,
+                   help="seconds a draft round may take over --draft-url before the round runs "
+                        "without drafts (default 5)")
     p.add_argument("--served-model-name", default=None,
                    help="the model id clients send (default: spectest-demo or the dir name)")
     p.add_argument("--k", type=int, default=4, help="draft length (initial K for adaptive)")
@@ -104,17 +111,35 @@ def build_server(args) -> Server:
     runtime = PolicyOptions(k_min=args.k_min, k_max=k_limit,
                             threshold=args.confidence_threshold, profile=args.profile,
                             disable_above=args.disable_above)
+    remote = None
+    if args.draft_url:
+        if args.drafter != "draft-model":
+            raise ValueError("--draft-url drafts with a draft model: drop --drafter "
+                             f"{args.drafter}")
+        remote = RemoteDrafter(args.draft_url, args.max_num_seqs, args.max_model_len,
+                               timeout_s=args.draft_timeout)
     engine = build_engine(args.model, args.draft, args.drafter, policy,
                           max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                           max_waiting=args.max_waiting, faults=frozenset(args.inject_fault),
                           ngram_max=args.ngram_max, ngram_min=args.ngram_min,
-                          k_reserve=k_limit, policy_options=runtime)
+                          k_reserve=k_limit, policy_options=runtime, drafter_instance=remote)
+    if remote is not None:  # refuses a draft server whose tokenizer differs from the target's
+        remote.connect(engine.tokenizer.fingerprint)
     name = args.served_model_name or (EMBEDDED_NAME if args.model == "embedded"
                                       else resolve_model_path(args.model).stem)
     provider = build_tracer_provider("spectest", args.trace_file)
     return Server(engine, ServerConfig(name, args.api_key, args.trace_content,
                                        args.drain_seconds, admin_key=args.admin_key),
                   CollectorRegistry(), provider)
+
+
+async def until_signalled() -> None:
+    """Return when the process gets SIGINT or SIGTERM (handlers on the running loop)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
 
 
 async def _run(server: Server, host: str, port: int, describe: str) -> None:
@@ -128,11 +153,7 @@ async def _run(server: Server, host: str, port: int, describe: str) -> None:
     print(f"spectest serving {server.config.model_name!r} ({describe}) at "
           f"http://{host}:{bound}  — OpenAI API under /v1, metrics at /metrics, "
           f"speculation switch at /admin/speculation ({admin})", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await until_signalled()
     print("spectest: shutting down, draining in-flight requests", flush=True)
     await runner.cleanup()
     print("spectest: stopped", flush=True)
@@ -145,11 +166,15 @@ def main(args) -> int:
     engine = server.engine
     threads = (f"{torch.get_num_threads()} torch thread(s)" + ("" if args.threads else
                " (default: usable cores − 1, the event loop gets the other; --threads N)"))
-    describe = f"drafter {engine.drafter.name}, K policy {engine.policy.name}, {threads}"
+    drafter = engine.drafter.name + (f" via {args.draft_url}" if args.draft_url else "")
+    describe = f"drafter {drafter}, K policy {engine.policy.name}, {threads}"
     try:
         asyncio.run(_run(server, args.host, args.port, describe))
     except OSError as exc:
         print(f"spectest serve: cannot listen on {args.host}:{args.port}: {exc.strerror}",
               file=sys.stderr)
         return 2
+    finally:
+        if isinstance(engine.drafter, RemoteDrafter):
+            engine.drafter.close()  # frees this server's session (KV caches) over there
     return 0

@@ -79,6 +79,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", default="embedded", help="--embedded: target checkpoint")
     g.add_argument("--draft", default="embedded-draft", help="--embedded: draft checkpoint")
     g.add_argument("--k", type=int, default=4, help="--embedded: draft length K")
+    g.add_argument("--disaggregated", action="store_true",
+                   help="--embedded: run the draft in its own `spectest serve-draft` process, "
+                        "reached over loopback HTTP (`serve --draft-url`); the report then "
+                        "shows the network term per round")
     g.add_argument("--server-arg", action="append", default=[],
                    help="--embedded: one more `spectest serve` flag (repeatable), "
                         "e.g. --server-arg=--threads=2")
@@ -141,6 +145,7 @@ class SweepConfig:
     model: str = "embedded"
     draft: str = "embedded-draft"
     k: int = 4
+    disaggregated: bool = False
     server_args: tuple[str, ...] = field(default_factory=tuple)
     validate_k: bool = True
     slo: SLO = field(default_factory=SLO)
@@ -168,12 +173,18 @@ class SweepConfig:
         extra = len(self.steps) * per if self.validate_k else 0
         return n * per + extra
 
-    def serve_args(self) -> list[str]:
+    def serve_args(self, draft_url: str = "") -> list[str]:
         """``spectest serve`` flags: one torch thread, so on a small machine the server keeps
-        one core and the load generator the other (``--server-arg=--threads=N`` overrides)."""
+        one core and the load generator the other (``--server-arg=--threads=N`` overrides);
+        ``draft_url``: draft from that ``spectest serve-draft`` (``--disaggregated``)."""
+        remote = ["--draft-url", draft_url] if draft_url else []
         return ["--model", self.model, "--draft", self.draft, "--k", str(self.k),
                 "--max-num-seqs", str(max(self.steps)), "--max-model-len", "2048",
-                "--threads", "1", *self.server_args]
+                "--threads", "1", *remote, *self.server_args]
+
+    def draft_server_args(self) -> list[str]:
+        """``spectest serve-draft`` flags for ``--disaggregated`` (one torch thread)."""
+        return ["--draft", self.draft, "--threads", "1"]
 
     def to_json(self) -> dict:
         return {"out": str(self.out), "workloads": list(self.workloads),
@@ -185,7 +196,8 @@ class SweepConfig:
                 "patience": self.patience, "processes": self.processes, "host": self.host,
                 "baseline_host": self.baseline_host, "embedded": self.embedded,
                 "model": self.model, "draft": self.draft, "k": self.k,
-                "server_args": list(self.server_args), "validate_k": self.validate_k,
+                "disaggregated": self.disaggregated, "server_args": list(self.server_args),
+                "validate_k": self.validate_k,
                 "min_requests_per_step": self.min_requests_per_step,
                 "price_per_hour": self.price_per_hour,
                 "spec_price_per_hour": self.spec_price_per_hour,
@@ -208,6 +220,9 @@ class SweepConfig:
         if a.baseline_host and not a.host:
             raise ConfigError("--baseline-host needs --host (the candidate)")
         embedded = a.embedded or not a.host
+        if a.disaggregated and not embedded:
+            raise ConfigError("--disaggregated starts the bundled server and its draft server: "
+                              "drop --host")
         if a.step_time <= 0 or a.warmup < 0:
             raise ConfigError("--step-time must be positive and --warmup at least 0")
         if a.processes < 1:
@@ -250,4 +265,5 @@ class SweepConfig:
                    temperature=a.temperature, patience=a.patience, processes=a.processes,
                    host=a.host.rstrip("/"), baseline_host=a.baseline_host.rstrip("/"),
                    embedded=embedded, model=a.model, draft=a.draft, k=a.k,
-                   server_args=tuple(a.server_arg), validate_k=validate, slo=slo, **report)
+                   disaggregated=a.disaggregated, server_args=tuple(a.server_arg),
+                   validate_k=validate, slo=slo, **report)

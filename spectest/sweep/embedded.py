@@ -1,7 +1,8 @@
 """``--embedded``: the bundled ``spectest serve`` as a child process of the sweep.
 
 ``EmbeddedServer`` starts ``python -m spectest serve --host 127.0.0.1 --port 0 …`` with the
-sweep's model, draft, K and batch limit, waits until its start-up line names the URL and
+sweep's model, draft, K and batch limit (or, for ``--disaggregated``, ``spectest serve-draft``
+first, whose URL the server then drafts from), waits until its start-up line names the URL and
 ``/health`` answers, and stops it (SIGTERM: the server drains, then SIGKILL after a grace) on
 exit — also when the sweep is interrupted. The child gets SIGTERM from the kernel if the sweep
 dies without cleaning up (``PR_SET_PDEATHSIG``), so no server outlives its sweep. The server's
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from spectest.loadgen.runner import REPO_ROOT
 
-START_LINE = re.compile(r"spectest serving .* at (http://[0-9.]+:\d+)")
+START_LINE = re.compile(r"spectest (?:serving|draft server) .* at (http://[0-9.]+:\d+)")
 PR_SET_PDEATHSIG = 1
 
 
@@ -43,8 +44,10 @@ def die_with_parent() -> None:
 class EmbeddedServer:
     """``with EmbeddedServer(args, log_path) as url:`` — the bundled server for one sweep."""
 
-    def __init__(self, serve_args: list[str], log_path: Path, start_timeout_s: float = 300.0):
+    def __init__(self, serve_args: list[str], log_path: Path, start_timeout_s: float = 300.0,
+                 subcommand: str = "serve"):
         self.serve_args = list(serve_args)
+        self.subcommand = subcommand  # "serve", or "serve-draft" for --disaggregated
         self.log_path = Path(log_path)
         self.start_timeout_s = start_timeout_s
         self.proc: subprocess.Popen | None = None
@@ -52,8 +55,8 @@ class EmbeddedServer:
 
     @property
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "spectest", "serve", "--host", "127.0.0.1", "--port", "0",
-                *self.serve_args]
+        return [sys.executable, "-m", "spectest", self.subcommand, "--host", "127.0.0.1",
+                "--port", "0", *self.serve_args]
 
     def __enter__(self) -> str:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(

@@ -5,9 +5,10 @@ The load generator's scraper (``spectest.loadgen.scrape``) already turns the spe
 a spectest server exposes: the ``spec_decode_draft_time_seconds`` and
 ``spec_decode_verify_time_seconds`` histograms, the ``spec_decode_rounds`` counter and the
 ``spec_decode_k`` gauge (names from ``spectest.telemetry.names``). ``scrape`` reads them,
-``round_figures`` differences two readings into mean draft / verify milliseconds per round,
-rounds, requests per round and the K the server ran. Against vLLM or SGLang the figures are
-simply absent (None), never zero.
+``round_figures`` differences two readings into mean draft / verify milliseconds per round
+(and, for a disaggregated drafter, the network milliseconds per round within drafting and the
+rounds that lost their drafts), rounds, requests per round and the K the server ran. Against
+vLLM or SGLang the figures are simply absent (None), never zero.
 
 It does HTTP GET and arithmetic only; it knows nothing of Locust or the report.
 """
@@ -23,6 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from spectest.telemetry import names as N
 
 _SUMS = {N.SPEC_DRAFT_TIME.name + "_sum": "draft_s", N.SPEC_VERIFY_TIME.name + "_sum": "verify_s",
+         N.SPEC_NETWORK_TIME.name + "_sum": "network_s",
+         N.SPEC_DRAFT_ERRORS.sample_name: "draft_errors",
          N.SPEC_ROUNDS.sample_name: "rounds", N.SPEC_NUM_DRAFTS.sample_name: "drafts",
          N.GENERATION_TOKENS.sample_name: "generated", N.SPEC_K.name: "k"}
 
@@ -32,6 +35,8 @@ class EngineReading:
     taken_at: float
     draft_s: float | None = None
     verify_s: float | None = None
+    network_s: float | None = None  # a remote drafter's network term (serve --draft-url)
+    draft_errors: float | None = None
     rounds: float | None = None
     drafts: float | None = None
     generated: float | None = None
@@ -68,7 +73,7 @@ def round_figures(start: EngineReading | None, end: EngineReading | None,
     else Δgenerated tokens / Δrounds (one token per request per round).
     """
     out = {"rounds": None, "draft_ms_per_round": None, "verify_ms_per_round": None,
-           "mean_batch": None, "k": None}
+           "network_ms_per_round": None, "draft_errors": None, "mean_batch": None, "k": None}
     if end is not None and end.k is not None and speculative:
         out["k"] = end.k
     if start is None or end is None or start.rounds is None or end.rounds is None:
@@ -82,6 +87,10 @@ def round_figures(start: EngineReading | None, end: EngineReading | None,
         return None if a is None or b is None or b < a else (b - a) * scale / rounds
     out["draft_ms_per_round"] = per_round(start.draft_s, end.draft_s, 1e3)
     out["verify_ms_per_round"] = per_round(start.verify_s, end.verify_s, 1e3)
+    if end.network_s is not None:  # a disaggregated drafter: part of draft_ms_per_round
+        out["network_ms_per_round"] = per_round(start.network_s or 0.0, end.network_s, 1e3)
+    if end.draft_errors is not None and start.draft_errors is not None:
+        out["draft_errors"] = end.draft_errors - start.draft_errors
     out["mean_batch"] = (per_round(start.drafts, end.drafts) if speculative
                          else per_round(start.generated, end.generated))
     return out

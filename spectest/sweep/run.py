@@ -88,6 +88,7 @@ class SweepRunner:
         self.server_factory = server_factory
         self.rows: list[dict] = []
         self._running_server: EmbeddedServer | None = None
+        self._draft_url = ""
         self.notes: list[str] = []
         self.stopped: dict[str, str] = {}
         self.info: dict = {}
@@ -143,14 +144,20 @@ class SweepRunner:
         status, message = "finished", ""
         try:
             if cfg.embedded:
-                server = self._server(cfg.serve_args(), "server.log")
-                with server as url:
-                    self._running_server = server
-                    self.info["server"]["pid"] = getattr(getattr(server, "proc", None), "pid",
-                                                         None)
-                    self._sweep_hosts(url, url)
-                if cfg.validate_k and self.rows:
-                    self._validate()
+                draft = self._draft_server()
+                with draft as draft_url:
+                    self._draft_url = draft_url
+                    if draft_url:
+                        self.info["draft_server"]["pid"] = getattr(
+                            getattr(draft, "proc", None), "pid", None)
+                    server = self._server(cfg.serve_args(draft_url), "server.log")
+                    with server as url:
+                        self._running_server = server
+                        self.info["server"]["pid"] = getattr(getattr(server, "proc", None),
+                                                             "pid", None)
+                        self._sweep_hosts(url, url)
+                    if cfg.validate_k and self.rows:
+                        self._validate()
             else:
                 self._sweep_hosts(cfg.host, cfg.baseline_host or cfg.host)
         except KeyboardInterrupt:
@@ -166,6 +173,17 @@ class SweepRunner:
             self.info["status"] = status
             self._write()
         return SweepResult(self.out, status, len(self.rows), message)
+
+    def _draft_server(self):
+        """``--disaggregated``: the draft model's own process for the whole sweep (its URL);
+        otherwise nothing ("")."""
+        if not self.cfg.disaggregated:
+            return contextlib.nullcontext("")
+        args = self.cfg.draft_server_args()
+        self.display.message(f"starting the draft server (spectest serve-draft {' '.join(args)})")
+        self.info["draft_server"] = {"embedded": True, "serve_args": args,
+                                     "log": "draft-server.log"}
+        return self.server_factory(args, self.out / "draft-server.log", subcommand="serve-draft")
 
     def _server(self, serve_args: list[str], log_name: str, key: str = "server"):
         self.display.message("starting the bundled server (spectest serve "
@@ -274,8 +292,9 @@ class SweepRunner:
         done = table[(table.workload == first) & (table.arm == "spec")].concurrency.tolist()
         self.display.message(f"K advisor: running its recommendation on {first} "
                              f"(goodput K policy from {path.name})")
-        args = cfg.serve_args() + ["--k-policy", "goodput", "--profile", str(path.resolve()),
-                                   "--k-max", str(advisor.K_MAX)]
+        args = cfg.serve_args(self._draft_url) + [
+            "--k-policy", "goodput", "--profile", str(path.resolve()), "--k-max",
+            str(advisor.K_MAX)]
         server = self._server(args, "server-advised.log", key="advised_server")
         with server as url:
             self._running_server = server

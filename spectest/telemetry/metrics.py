@@ -4,7 +4,8 @@ Owns: :class:`ServingMetrics` — every collector of :mod:`spectest.telemetry.na
 injected ``CollectorRegistry``, and the three ways data reaches them: ``observe_round`` (a
 :class:`~spectest.engine.requests.RoundRecord` observer: spec-decode counters with vLLM's
 semantics, accepted-length histogram, K gauge, draft/verify time), ``observe_request`` (request
-timings and token counts when a request finishes), ``set_load`` (running/waiting/KV gauges) and
+timings and token counts when a request finishes; a remote drafter's network time and
+failed rounds come with the round record), ``set_load`` (running/waiting/KV gauges) and
 ``observe_speculation`` (the runtime switch: enabled and configured-K gauges, switch counter).
 
 Does not know: HTTP or the engine's internals. Label values are fixed sets: ``workload`` comes
@@ -36,6 +37,8 @@ class _EngineSeries:
     speculation_enabled: Gauge
     speculation_k: Gauge
     speculation_switches: Counter
+    network_time: Histogram
+    draft_errors: Counter
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,7 @@ class ServingMetrics:
         self._engine = _EngineSeries(*(self._m(spec).labels(**engine) for spec in (
             N.SPEC_ROUNDS, N.SPEC_K, N.SPEC_DRAFT_TIME, N.SPEC_VERIFY_TIME, N.RUNNING,
             N.WAITING, N.KV_USAGE, N.SPECULATION_ENABLED, N.SPECULATION_K,
-            N.SPECULATION_SWITCHES)))
+            N.SPECULATION_SWITCHES, N.SPEC_NETWORK_TIME, N.SPEC_DRAFT_ERRORS)))
         self._workloads: dict[str, _WorkloadSeries] = {}
         self._precreate()
 
@@ -125,6 +128,10 @@ class ServingMetrics:
         e.k.set(record.k)
         if any(row.k_proposed for row in record.rows):
             e.draft_time.observe(record.draft_seconds)
+        if record.network_seconds > 0:
+            e.network_time.observe(record.network_seconds)
+        if record.draft_error is not None:
+            e.draft_errors.inc()
         e.verify_time.observe(record.verify_seconds)
         for row in record.rows:
             if not row.k_proposed:

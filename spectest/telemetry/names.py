@@ -85,6 +85,15 @@ SPEC_VERIFY_TIME = _m("spec_decode_verify_time_seconds", "histogram",
                       labels=ENGINE_LABELS, buckets=ROUND_TIME_BUCKETS)
 SPEC_ROUNDS = _m("spec_decode_rounds", "counter", "Engine rounds (one target forward each).",
                  labels=ENGINE_LABELS)
+SPEC_NETWORK_TIME = _m("spec_decode_draft_network_seconds", "histogram",
+                       "Part of one round's drafting phase spent outside the draft model when "
+                       "drafts come from another process (`spectest serve --draft-url`): "
+                       "transport, encoding, the draft server's queue. Not observed when the "
+                       "draft is co-located.", labels=ENGINE_LABELS, buckets=ROUND_TIME_BUCKETS)
+SPEC_DRAFT_ERRORS = _m("spec_decode_draft_errors", "counter",
+                       "Rounds that ran without drafts because the drafter failed (a remote "
+                       "draft server down, timing out or answering garbage); requests go on "
+                       "target-only meanwhile.", labels=ENGINE_LABELS)
 
 # --- the runtime speculation switch (POST /admin/speculation; spectest only) ----------------
 SPECULATION_ENABLED = _m("speculation_enabled", "gauge",
@@ -132,8 +141,9 @@ REQUEST_ERRORS = _m("request_errors", "counter",
 ALL: tuple[MetricSpec, ...] = (
     SPEC_NUM_DRAFTS, SPEC_NUM_DRAFT_TOKENS, SPEC_NUM_ACCEPTED_TOKENS, SPEC_NUM_ACCEPTED_PER_POS,
     SPEC_ACCEPTED_LENGTH, SPEC_REQUESTS, SPEC_K, SPEC_DRAFT_TIME, SPEC_VERIFY_TIME, SPEC_ROUNDS,
-    SPECULATION_ENABLED, SPECULATION_K, SPECULATION_SWITCHES, TTFT, ITL, TPOT, E2E, QUEUE, PREFILL, DECODE, RUNNING, WAITING, KV_USAGE, PROMPT_TOKENS,
-    GENERATION_TOKENS, PREEMPTIONS, REQUEST_SUCCESS, REQUEST_ERRORS,
+    SPEC_NETWORK_TIME, SPEC_DRAFT_ERRORS, SPECULATION_ENABLED, SPECULATION_K,
+    SPECULATION_SWITCHES, TTFT, ITL, TPOT, E2E, QUEUE, PREFILL, DECODE, RUNNING, WAITING,
+    KV_USAGE, PROMPT_TOKENS, GENERATION_TOKENS, PREEMPTIONS, REQUEST_SUCCESS, REQUEST_ERRORS,
 )
 BY_NAME = {m.name: m for m in ALL}
 

@@ -4,8 +4,9 @@ Owns: building a ``TracerProvider`` from the standard ``OTEL_*`` environment var
 (``OTEL_TRACES_EXPORTER=otlp|console|none``, default none; OTLP over HTTP reads
 ``OTEL_EXPORTER_OTLP_ENDPOINT`` itself) plus an optional JSON-lines file exporter for users
 without a collector; :class:`RoundTracer`, the engine observer that turns each
-:class:`~spectest.engine.requests.RoundRecord` into ``spec.round`` spans (with ``spec.draft`` and
-``spec.verify`` children) under the spans of the requests that took part.
+:class:`~spectest.engine.requests.RoundRecord` into ``spec.round`` spans (with ``spec.draft``,
+``spec.network`` — a disaggregated drafter's transport time — and ``spec.verify`` children)
+under the spans of the requests that took part.
 
 Does not know: HTTP routing or Prometheus. No global provider is installed: the server passes
 the provider in, and a ``None`` provider means tracing is off at zero cost.
@@ -176,6 +177,7 @@ class RoundTracer:
     def _trace(self, record, parents: dict[str, Context | None]) -> None:
         start = _ns(record.started_at)
         draft_end = start + _ns(record.draft_seconds)
+        model_end = draft_end - _ns(record.network_seconds)  # the draft model's own part
         end = draft_end + _ns(record.verify_seconds)
         for row in record.rows:
             parent = parents[row.request_id]
@@ -193,10 +195,16 @@ class RoundTracer:
                                               "spec.policy_decision": record.decision,
                                               "spec.drafter": record.drafter,
                                               "spec.draft_ms": record.draft_seconds * 1e3,
+                                              "spec.network_ms": record.network_seconds * 1e3,
                                               "spec.verify_ms": record.verify_seconds * 1e3})
+            if record.draft_error is not None:
+                span.set_attribute("spec.draft_error", record.draft_error)
             ctx = set_span_in_context(span)
             if row.k_proposed:
-                self.tracer.start_span("spec.draft", context=ctx, start_time=start).end(draft_end)
+                self.tracer.start_span("spec.draft", context=ctx, start_time=start).end(model_end)
+            if record.network_seconds > 0:  # a drafter in another process: the network term
+                self.tracer.start_span("spec.network", context=ctx,
+                                       start_time=model_end).end(draft_end)
             self.tracer.start_span("spec.verify", context=ctx,
                                    start_time=draft_end).end(end)
             span.end(end)

@@ -116,4 +116,5 @@ def test_spectest_alerts_keep_their_names_and_labels():
     assert "sum by (model_name, drafter)" in rules["SpecDecodeAcceptanceRateLow"]["expr"]
     assert "sum by (model_name)" in rules["SpectestTTFTSLOBreach"]["expr"]
     assert rules["SpectestMetricsAbsent"]["expr"] == "absent(spectest:num_requests_running)"
-    assert {r["for"] for r in rules.values()} == {"5m", "10m", "15m"}
+    assert {r["for"] for r in rules.values()} == {"2m", "5m", "10m", "15m"}
+    assert rules["SpecDecodeDrafterFailing"]["for"] == "2m"  # a lost drafter shows fast

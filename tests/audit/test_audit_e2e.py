@@ -71,6 +71,24 @@ def test_correct_ngram_speculation_passes_embedded(models, tmp_path):
         assert s.connect_ex(("127.0.0.1", port)) != 0
 
 
+def test_correct_disaggregated_speculation_passes(models, tmp_path):
+    """The draft in its own ``spectest serve-draft`` process (``serve --draft-url``): the same
+    exact speculation, so the same verdict as co-located."""
+    from spectest.audit.servers import ServerProcess, ServerSpec
+    from spectest.sweep.embedded import EmbeddedServer
+    draft = EmbeddedServer(["--draft", str(models / "draft"), "--threads", "1"],
+                           tmp_path / "draft-server.log", subcommand="serve-draft")
+    with draft as draft_url:
+        spec = ServerSpec(str(models / "target"), str(models / "draft"), "draft-model", 4, 1,
+                          ("--draft-url", draft_url))
+        with ServerProcess(spec) as url:
+            outcome = run_audit(tmp_path / "audit", "--candidate", url, "--baseline", url,
+                                *small())
+    _assert_correct(outcome)
+    drafts = outcome.report["candidate_speculation"]["sampled"]
+    assert drafts["drafts"] > 0
+
+
 # fault → (checks to run, the check that must fail, words the cause must contain, sizes)
 FAULTS = {
     "kv-rewind-off-by-one": ("greedy,logprobs", "greedy", "KV-cache", small()),

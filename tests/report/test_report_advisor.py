@@ -124,3 +124,62 @@ def test_drafts_longer_than_the_advisors_range_still_get_advice():
     assert advisor.k_run(t, "chat") == 24 > advisor.K_MAX
     advice = advisor.advise(t, "chat")
     assert len(advice) == 4 and all(len(a.curve) == 25 for a in advice)
+
+
+def disaggregated_table(net_ms: dict[int, float]) -> pd.DataFrame:
+    """The same sweep, but every speculative round also paid ``net_ms[c]`` of network time
+    (a draft server reached over HTTP): inside draft_ms_per_round and in the client's TPOT."""
+    t = sweep_table()
+    spec = t.arm == "spec"
+    for c, net in net_ms.items():
+        row = spec & (t.concurrency == c)
+        e = float(t.loc[row, "mean_accepted_length"].iloc[0])
+        t.loc[row, "draft_ms_per_round"] += net
+        t.loc[row, "tpot_p50_ms"] += net / e
+        t.loc[row, "network_ms_per_round"] = net
+    return t
+
+
+def network_curve(c: int, net: float) -> list[float]:
+    """The formula with a per-round network term ν = net / T0 (none at K = 0)."""
+    nu = net / T0[c]
+    return [1.0] + [advisor.seeds_speedup(ALPHA, 0, k) / (1 + C_EFF[c] * k + nu)
+                    for k in range(1, 9)]
+
+
+def test_a_measured_network_term_is_paid_once_per_round_not_per_draft_token():
+    net = {1: 4.0, 2: 4.0, 4: 4.0, 8: 4.0}
+    advice = {a.concurrency: a for a in advisor.advise(disaggregated_table(net), "chat")}
+    for c, a in advice.items():
+        curve = network_curve(c, net[c])
+        assert a.network_ms == pytest.approx(net[c]) and a.network_source == "measured"
+        assert a.c_eff == pytest.approx(C_EFF[c])  # the network time is not charged per token
+        assert a.curve == pytest.approx(curve)
+        assert a.best_k == max(range(9), key=curve.__getitem__)
+        assert a.measured_at_run == pytest.approx(curve[K_RUN])  # consistent with the table
+    # the advice changes: at c=1 a 4 ms round trip (0.4 target steps) makes K = 1 a loss and
+    # favours longer drafts; at c=4 speculation goes from worth it to off
+    colocated = {a.concurrency: a for a in advisor.advise(sweep_table(), "chat")}
+    assert advice[1].best_k >= colocated[1].best_k
+    assert colocated[4].best_k > 0 and advice[4].best_k == 0
+    assert advice[1].curve[1] < colocated[1].curve[1] - 0.2
+
+
+def test_a_what_if_network_term_replaces_the_measured_one():
+    measured = disaggregated_table({c: 4.0 for c in T0})
+    planned = {a.concurrency: a for a in advisor.advise(measured, "chat", network_ms=0.0)}
+    colocated = {a.concurrency: a for a in advisor.advise(sweep_table(), "chat")}
+    for c in T0:  # "what if the network were free": the co-located advice again
+        assert planned[c].network_source == "assumed"
+        assert planned[c].curve == pytest.approx(colocated[c].curve)
+    slow = {a.concurrency: a for a in advisor.advise(sweep_table(), "chat", network_ms=10.0)}
+    assert slow[1].curve == pytest.approx(network_curve(1, 10.0))
+    frame = advisor.advice_frame(list(slow.values()))
+    assert set(frame.network_source) == {"assumed"} and set(frame.network_ms_per_round) == {10.0}
+
+
+def test_the_profile_carries_the_network_term():
+    t = disaggregated_table({c: 4.0 for c in T0})
+    steps = advisor.profile_json(t)["step_seconds"]["1"]
+    assert steps["0"] == pytest.approx(T0[1] / 1e3)
+    assert steps["2"] == pytest.approx(T0[1] / 1e3 * (1 + C_EFF[1] * 2) + 4.0 / 1e3)

@@ -156,7 +156,46 @@ def test_an_old_steps_csv_without_interval_columns_still_renders_honestly(tmp_pa
 def test_the_committed_docs_example_renders(tmp_path):
     out = render_report(ROOT / "docs" / "sweep-example", out=tmp_path / "example")
     md = Path(out.markdown).read_text()
-    assert "## Cost and capacity" in md and "interval unavailable" in md
-    # RAG ran 7–16 requests per step and arm: nothing may be stated about it
-    assert "**rag**: at concurrency 1 TPOT speedup: not enough data (n = 7 spec / 9 base" in md
-    assert "On TPOT, not enough data to place a crossover" in md
+    assert "## Cost and capacity" in md and "interval unavailable" not in md
+    # the default sweep of the embedded pair: chat and code pay at c=1, RAG loses there
+    assert "**chat**: at concurrency 1 speculation is **1.63×** faster per output token " \
+           "(n = 23 spec / 22 base; 95% interval 1.44×–1.85×" in md
+    assert "**rag**: at concurrency 1 speculation is **0.74×** as fast (slower) per output " \
+           "token (n = 21 spec / 22 base; 95% interval 0.69×–0.79×" in md
+    assert "Cost: speculation saves 35% per output token (n = 58 spec at c=8 / 34 base" in md
+
+
+def test_the_committed_disaggregated_example_states_its_network_term(tmp_path):
+    out = render_report(ROOT / "docs" / "disaggregated-example" / "disaggregated",
+                        out=tmp_path / "example")
+    md = Path(out.markdown).read_text()
+    assert "in its own `spectest serve-draft` process" in md and "**Network term.**" in md
+    assert "| chat | 1 | 4 | 0.148 | 1.61 (measured) |" in md
+
+
+def test_compare_shows_the_network_term_of_a_disaggregated_sweep(tmp_path):
+    """Co-located vs disaggregated: the engine-round table puts the network ms per round of B
+    beside A's zero, and a sweep without round timings (another server) gets no such table."""
+    a = write_sweep(tmp_path / "colocated", {"chat": 0.6})
+    b = write_sweep(tmp_path / "disaggregated", {"chat": 0.6})
+    for folder, net in ((a, 0.0), (b, 1.75)):
+        t = pd.read_csv(folder / "steps.csv")
+        spec = t.arm == "spec"
+        t.loc[spec, "draft_ms_per_round"] = 3.0 + net
+        t.loc[spec, "verify_ms_per_round"] = 9.0
+        t.loc[spec, "network_ms_per_round"] = net
+        t.to_csv(folder / "steps.csv", index=False)
+    out = tmp_path / "cmp"
+    compare_main(parse(add_compare_arguments, [str(a), str(b), "--out", str(out)]))
+    md = (out / "compare.md").read_text()
+    assert "## Engine round of the speculative arm" in md
+    assert "| chat | 1 | 3.00 | 4.75 | 0.00 | 1.75 | 9.00 | 9.00 |" in md
+    plain, folders = tmp_path / "plain", []
+    for name in ("x", "y"):  # vLLM-like: no round timings on /metrics
+        folder = write_sweep(tmp_path / name, {"chat": 0.6})
+        t = pd.read_csv(folder / "steps.csv")
+        t["draft_ms_per_round"] = t["verify_ms_per_round"] = float("nan")
+        t.to_csv(folder / "steps.csv", index=False)
+        folders.append(str(folder))
+    compare_main(parse(add_compare_arguments, [*folders, "--out", str(plain)]))
+    assert "Engine round" not in (plain / "compare.md").read_text()

@@ -133,3 +133,28 @@ def test_sigterm_keeps_finished_steps_and_cleans_up(tmp_path):
                             capture_output=True, text=True, cwd=ROOT, timeout=180)
     assert report.returncode == 0, report.stderr
     assert "status is 'interrupted'" in report.stdout and (out / "report.html").is_file()
+
+
+def test_a_disaggregated_sweep_measures_the_network_term(tmp_path):
+    """``--disaggregated``: the draft in its own ``spectest serve-draft``; the steps carry the
+    network milliseconds per round, the report states the term, both servers are gone after."""
+    out = tmp_path / "disaggregated"
+    proc = subprocess.run(sweep_cmd(out, "--workloads", "chat", "--steps", "1,2",
+                                    "--disaggregated", "--validate-k", "off"),
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    info = json.loads((out / "sweep.json").read_text())
+    assert info["config"]["disaggregated"] and info["draft_server"]["serve_args"]
+    assert "--draft-url" in info["server"]["serve_args"]
+    assert not alive(info["server"]["pid"]) and not alive(info["draft_server"]["pid"])
+    table = pd.read_csv(out / "steps.csv")
+    spec, base = table[table.arm == "spec"], table[table.arm == "base"]
+    assert (spec.drafts > 0).all() and (table.failures == 0).all()
+    assert (spec.network_ms_per_round > 0).all()
+    assert (spec.network_ms_per_round < spec.draft_ms_per_round).all()
+    assert (table.draft_errors == 0).all()
+    assert base.network_ms_per_round.fillna(0).eq(0).all()  # no drafts, no round trips
+    md = (out / "report.md").read_text()
+    assert "in its own `spectest serve-draft` process" in md and "**Network term.**" in md
+    advice = pd.read_csv(out / "k_advice.csv")
+    assert (advice.network_source == "measured").all() and (advice.network_ms_per_round > 0).all()
