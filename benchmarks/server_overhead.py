@@ -24,7 +24,9 @@ telemetry cost at most 10 %), ``http+telemetry`` ≥ 0.97 × ``http`` (tracing +
 most 3 %; checked at every concurrency), on paired ratios. ``--strict`` exits 1 when one is
 missed. Last, where the telemetry time goes: the engine process runs once more per concurrency
 with the server's metrics and tracing attached, and reports the thread CPU time of each part
-per engine round and as a share of the process's CPU.
+per engine round, as a share of the process's CPU, and the share spent on the engine thread
+itself (round spans are built on a worker thread and exported on the SDK's, overlapping the
+next round's torch work).
 
     python benchmarks/server_overhead.py [--models DIR] [--max-tokens 128] [--requests 8]
         [--repeats 5] [--concurrency 1 8] [--out results.json] [--strict]
@@ -83,7 +85,9 @@ class Accounting:
     """Telemetry wired to the in-process engine the way ``Server`` wires it, with the thread
     CPU time of each part summed in ``spent`` — where the telemetry time goes."""
 
-    PARTS = ("metrics per round", "spans per round", "span export", "per request")
+    PARTS = ("metrics per round", "spans per round", "spans (worker thread)", "span export",
+             "per request")
+    ENGINE_THREAD = ("metrics per round", "spans per round", "per request")  # in the round
 
     def __init__(self, engine, trace_file: Path):
         self.spent = dict.fromkeys(self.PARTS, 0.0)
@@ -92,7 +96,8 @@ class Accounting:
         exporter.export = self.timed("span export", exporter.export)
         self.provider = TracerProvider()
         self.provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500))
-        self.rounds = RoundTracer(self.provider)
+        self.rounds = RoundTracer(self.provider, background=True)  # as the server runs it
+        self.rounds._trace = self.timed("spans (worker thread)", self.rounds._trace)
         self.tracer = self.provider.get_tracer("bench")
         self.observers = [self.timed("metrics per round", self.metrics.observe_round),
                           self.timed("spans per round", self.rounds)]
@@ -179,12 +184,14 @@ def serve_engine(args) -> None:
             rounds, cpu = engine.rounds, time.process_time()
             tokens, seconds = run_engine(engine, c, n, prompt_ids, args.max_tokens,
                                          acct if accounting else None)
+            acct.rounds.flush()
             acct.provider.force_flush()
             print(json.dumps({"tokens": tokens, "seconds": seconds, "spent": acct.spent,
                               "rounds": engine.rounds - rounds,
                               "cpu": time.process_time() - cpu}), flush=True)
     finally:
         engine.stop()
+        acct.rounds.shutdown()
         acct.provider.shutdown()
 
 
@@ -196,12 +203,13 @@ def serve(args) -> None:
             str(args.models / "draft"), "--threads", str(args.threads), "--k", str(args.k),
             "--max-num-seqs", str(max(args.concurrency)), "--max-model-len",
             str(args.max_model_len), "--served-model-name", NAME]
-    if args.serve == "on":
+    if args.serve in ("on", "traces"):
         argv += ["--trace-file", str(args.trace_file)]
     server = cli.build_server(parser.parse_args(argv))
-    if args.serve == "off":
+    if args.serve in ("off", "traces"):  # metrics off (traces: tracing alone)
         server.engine.observers.remove(server.metrics.observe_round)
         server.metrics = NullMetrics(server.metrics)
+    if args.serve in ("off", "metrics"):
         assert server.provider is None, "OTEL_TRACES_EXPORTER must be unset for telemetry off"
     asyncio.run(cli._run(server, "127.0.0.1", 0, f"telemetry {args.serve}"))
 
@@ -371,7 +379,10 @@ def measure(args) -> int:
                              **{f"{part} ms/round": 1e3 * v / acct["rounds"]
                                 for part, v in acct["spent"].items()},
                              "telemetry % of CPU": 100 * sum(acct["spent"].values())
-                             / acct["cpu"]})
+                             / acct["cpu"],
+                             "on the engine thread %": 100 * sum(
+                                 v for part, v in acct["spent"].items()
+                                 if part in Accounting.ENGINE_THREAD) / acct["cpu"]})
     except KeyboardInterrupt:
         print("interrupted: summarizing the runs so far", file=sys.stderr)
     finally:
@@ -418,7 +429,8 @@ def main() -> int:
     ap.add_argument("--max-model-len", type=int, default=512)
     ap.add_argument("--out", type=Path, default=None, help="JSON results (written atomically)")
     ap.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
-    ap.add_argument("--serve", choices=["engine", "on", "off"], help=argparse.SUPPRESS)
+    ap.add_argument("--serve", choices=["engine", "on", "off", "metrics", "traces"],
+                    help=argparse.SUPPRESS)
     ap.add_argument("--trace-file", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     for name in ("target", "draft"):

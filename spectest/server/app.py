@@ -74,7 +74,7 @@ class Server:
         self.tracer = tracer_provider.get_tracer("spectest.server") if tracer_provider else None
         self.round_tracer = None
         if tracer_provider is not None:
-            self.round_tracer = T.RoundTracer(tracer_provider)
+            self.round_tracer = T.RoundTracer(tracer_provider, background=True)
             engine.add_observer(self.round_tracer)
         self.active = 0
         self.draining = False
@@ -121,6 +121,8 @@ class Server:
 
     async def _stop(self, app):
         await asyncio.to_thread(self.engine.stop)
+        if self.round_tracer is not None:
+            await asyncio.to_thread(self.round_tracer.shutdown)  # the last rounds' spans
         if self.provider is not None:
             self.provider.shutdown()
 

@@ -66,8 +66,6 @@ def test_serve_with_a_remote_draft_counts_network_time_and_survives_its_death(tm
     finally:
         draft.__exit__(None, None, None)
     spans = [json.loads(line) for line in traces.read_text().splitlines()]
-    network = [s for s in spans if s["name"] == "spec.network"]
-    assert network, "no spec.network span"
     rounds = [s for s in spans if s["name"] == "spec.round"]
     assert any(s["attributes"]["spec.network_ms"] > 0 for s in rounds)
     assert any("spec.draft_error" in s["attributes"] for s in rounds)

@@ -3,8 +3,8 @@
 Proves: one SERVER span per request with GenAI semantic-convention attributes that match the
 response; under it one ``spec.round`` span per round the request took part in — their
 attributes add up to the response's ``spec`` object, including the request's last round and
-under concurrency — each with ``spec.verify`` and (when drafts were proposed) ``spec.draft``
-children laid end to end; a client ``traceparent`` continues the client's trace; a client that
+under concurrency — each carrying the round's draft and verify milliseconds and spanning
+exactly their sum; a client ``traceparent`` continues the client's trace; a client that
 disconnects leaves an ERROR span; prompt text appears in no span unless ``trace_content``.
 """
 
@@ -29,6 +29,7 @@ def read_spans(live: LiveServer, path: Path, wait_for: str | None = None,
     the client can read the end of a response a moment before the server span ends and the
     engine thread has traced the last round."""
     def spans():
+        live.server.round_tracer.flush()  # round spans are built off the engine thread
         live.server.provider.force_flush()
         return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -76,13 +77,8 @@ def check_rounds(spans: list[dict], root: dict, spec: dict, completion_tokens: i
         assert a["spec.draft_ms"] >= 0 and a["spec.verify_ms"] > 0
         assert a["spec.bonus"] == (a["spec.k_proposed"] > 0
                                    and a["spec.accepted"] == a["spec.k_proposed"])
-        verify = children(spans, r, "spec.verify")
-        draft = children(spans, r, "spec.draft")
-        assert len(verify) == 1 and len(draft) == (1 if a["spec.k_proposed"] else 0)
-        assert verify[0]["end_time"] == r["end_time"]
-        if draft:
-            assert draft[0]["start_time"] == r["start_time"]
-            assert draft[0]["end_time"] == verify[0]["start_time"]
+        assert children(spans, r) == []  # one span per round: the phases are attributes
+        assert "spec.network_ms" not in a  # the draft is co-located
 
 
 def test_server_span_per_request_with_genai_attributes(traced):
@@ -153,7 +149,7 @@ def test_concurrent_requests_get_their_own_rounds(traced):
         batch_sizes |= {r["attributes"]["spec.batch_size"] for r in rounds}
         if not resp["spec"]["speculative"]:
             assert all(r["attributes"]["spec.k_proposed"] == 0 for r in rounds)
-            assert not any(children(spans, r, "spec.draft") for r in rounds)
+            assert all(r["attributes"]["spec.draft_ms"] >= 0 for r in rounds)
     assert max(batch_sizes) > 1, "the requests never shared a round"
 
 
