@@ -10,7 +10,8 @@ and graceful drain on shutdown.
 
 Does not know: how the engine drafts or verifies. It submits :class:`GenerationRequest`s to a
 running :class:`SpecEngine` (its own thread) and receives outputs through a thread-safe
-callback into an ``asyncio.Queue`` per request.
+callback into an ``asyncio.Queue`` per request — one loop wake-up per burst of outputs
+(:class:`Outbox`), and a streamed response writes every output already queued in one write.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import asyncio
 import hmac
 import json
 import logging
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -60,6 +62,33 @@ class ServerConfig:
     admin_key: str | None = None  # None: /admin/* answers loopback peers only
 
 
+class Outbox:
+    """Engine thread → event loop with one wake-up per burst.
+
+    The engine calls back once per request per round; waking the loop for each
+    (``call_soon_threadsafe`` writes its self-pipe) costs a syscall and a loop iteration per
+    request per round. ``post`` queues the delivery and wakes the loop only when nothing is
+    queued yet; the loop then runs every queued delivery, in order."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self._items: list = []
+        self._lock = threading.Lock()
+
+    def post(self, deliver, out) -> None:  # engine thread
+        with self._lock:
+            self._items.append((deliver, out))
+            if len(self._items) > 1:
+                return  # a wake-up is already on its way
+        self.loop.call_soon_threadsafe(self._run)
+
+    def _run(self) -> None:  # event loop
+        with self._lock:
+            items, self._items = self._items, []
+        for deliver, out in items:
+            deliver(out)
+
+
 class Server:
     def __init__(self, engine: SpecEngine, config: ServerConfig, registry: CollectorRegistry,
                  tracer_provider: TracerProvider | None = None):
@@ -77,6 +106,7 @@ class Server:
             self.round_tracer = T.RoundTracer(tracer_provider, background=True)
             engine.add_observer(self.round_tracer)
         self.active = 0
+        self._outbox: Outbox | None = None
         self.draining = False
         self.created = int(time.time())
 
@@ -276,8 +306,11 @@ class Server:
             elif out.finished:
                 self._finish_metrics(gen, out)
 
+        if self._outbox is None or self._outbox.loop is not loop:
+            self._outbox = Outbox(loop)
+        outbox = self._outbox
         try:
-            self.engine.submit(gen, lambda out: loop.call_soon_threadsafe(deliver, out))
+            self.engine.submit(gen, lambda out: outbox.post(deliver, out))
         except QueueFullError as exc:
             self._end_span(span, gen, None, error=str(exc))
             raise APIError(429, f"server over capacity: {exc}", "over_capacity",
@@ -334,20 +367,27 @@ class Server:
             await resp.write(R.sse(chunk))
         while True:
             out = await queue.get()
-            last_token_at = self._gap(gen, out, last_token_at)
+            events = []  # every output already here goes out in one write (one syscall)
+            while True:
+                last_token_at = self._gap(gen, out, last_token_at)
+                if out.finished:
+                    self._finish_metrics(gen, out)
+                if out.error:
+                    events.append(R.sse({"error": {"message": out.error,
+                                                   "type": "server_error",
+                                                   "code": out.finish_reason}}))
+                    await resp.write(b"".join(events) + b"data: [DONE]\n\n")
+                    return out, resp
+                events += [R.sse(c) for c in fmt.stream_chunks(gen.request_id, out,
+                                                               include_usage)]
+                if out.finished or queue.empty():
+                    break
+                out = queue.get_nowait()
             if out.finished:
-                self._finish_metrics(gen, out)
-            if out.error:
-                await resp.write(R.sse({"error": {"message": out.error, "type": "server_error",
-                                                  "code": out.finish_reason}}))
-                await resp.write(b"data: [DONE]\n\n")
-                return out, resp
-            for chunk in fmt.stream_chunks(gen.request_id, out, include_usage):
-                await resp.write(R.sse(chunk))
-            if out.finished:
-                await resp.write(b"data: [DONE]\n\n")
+                await resp.write(b"".join(events) + b"data: [DONE]\n\n")
                 await resp.write_eof()
                 return out, resp
+            await resp.write(b"".join(events))
 
     def _finish_metrics(self, gen, out: RequestOutput):
         if out.stats is None:
