@@ -84,7 +84,11 @@ class RemoteDrafter:
                 f"from the target's (fingerprint {info.tokenizer_fingerprint[:12]}… vs "
                 f"{tokenizer_fingerprint[:12]}…): its drafts would be other tokens")
         self.info = info
-        self._open_session()
+        try:
+            self._open_session()
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            raise RemoteDraftError(f"draft server at {self.url} refused a session: "
+                                   f"{_describe(exc)}") from None
         return info
 
     def close(self) -> None:

@@ -137,6 +137,11 @@ class SyntheticExporter:
         self._rec(names.SPEC_DRAFT_TIME, "observe", drafter.draft_seconds * rng.uniform(0.5, 2),
                   **eng)
         self._rec(names.SPEC_VERIFY_TIME, "observe", verify, **eng)
+        # as if the draft ran in its own process (serve --draft-url): a network term per
+        # round, and now and then a round that lost its drafts
+        self._rec(names.SPEC_NETWORK_TIME, "observe", rng.uniform(0.001, 0.003), **eng)
+        if rng.random() < 0.02:
+            self._rec(names.SPEC_DRAFT_ERRORS, "inc", 1, **eng)
         self._rec(names.RUNNING, "set", len(batch), **eng)
         self._rec(names.WAITING, "set", rng.randint(0, 2), **eng)
         self._rec(names.KV_USAGE, "set", rng.uniform(0.2, 0.6), **eng)
@@ -178,6 +183,7 @@ class SyntheticExporter:
                 self._rec(names.REQUEST_ERRORS, "inc", 0, code=code, **eng)
             self._rec(names.PREEMPTIONS, "inc", 0, **eng)
             self._rec(names.SPECULATION_SWITCHES, "inc", 0, **eng)
+            self._rec(names.SPEC_DRAFT_ERRORS, "inc", 0, **eng)
             self._round(drafter)
             self._finish_request(drafter)
 
