@@ -208,13 +208,12 @@ def serve(args) -> None:
             str(args.models / "draft"), "--threads", str(args.threads), "--k", str(args.k),
             "--max-num-seqs", str(max(args.concurrency)), "--max-model-len",
             str(args.max_model_len), "--served-model-name", NAME]
-    if args.serve in ("on", "traces"):
+    if args.serve == "on":
         argv += ["--trace-file", str(args.trace_file)]
     server = cli.build_server(parser.parse_args(argv))
-    if args.serve in ("off", "traces"):  # metrics off (traces: tracing alone)
+    if args.serve == "off":
         server.engine.observers.remove(server.metrics.observe_round)
         server.metrics = NullMetrics(server.metrics)
-    if args.serve in ("off", "metrics"):
         assert server.provider is None, "OTEL_TRACES_EXPORTER must be unset for telemetry off"
     asyncio.run(cli._run(server, "127.0.0.1", 0, f"telemetry {args.serve}"))
 
@@ -443,8 +442,7 @@ def main() -> int:
     ap.add_argument("--max-model-len", type=int, default=512)
     ap.add_argument("--out", type=Path, default=None, help="JSON results (written atomically)")
     ap.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
-    ap.add_argument("--serve", choices=["engine", "on", "off", "metrics", "traces"],
-                    help=argparse.SUPPRESS)
+    ap.add_argument("--serve", choices=["engine", "on", "off"], help=argparse.SUPPRESS)
     ap.add_argument("--trace-file", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     for name in ("target", "draft"):

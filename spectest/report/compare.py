@@ -141,20 +141,13 @@ def round_rows(a: Sweep, b: Sweep) -> list[list[str]]:
         sb = b.series(w, "spec").set_index("concurrency")
         for c in sorted(set(sa.index) & set(sb.index)):
             ra, rb = sa.loc[c], sb.loc[c]
-            if not any(_known(r.get("draft_ms_per_round")) for r in (ra, rb)):
+            if not any(ev.finite(r.get("draft_ms_per_round")) for r in (ra, rb)):
                 continue
             rows.append([w, fmt(c, "g")] + [
                 fmt(r.get(col), ".2f") for col in ("draft_ms_per_round", "network_ms_per_round",
                                                    "verify_ms_per_round") for r in (ra, rb)]
                 + [fmt(r.get("rounds"), ",.0f") for r in (ra, rb)])
     return rows
-
-
-def _known(v) -> bool:
-    try:
-        return v is not None and float(v) == float(v)
-    except (TypeError, ValueError):
-        return False
 
 
 def _goodput(bp: bpm.BreakPoint) -> str:
