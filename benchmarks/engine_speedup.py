@@ -13,7 +13,12 @@ paying?), and Hugging Face ``transformers`` assisted generation on the same pair
 (``assistant_model=`` and ``prompt_lookup_num_tokens=``), greedy, batch 1, as a peer measured
 in the same run. Every ratio compares figures measured in this run.
 
-    python benchmarks/engine_speedup.py [--prompts 6] [--max-tokens 128] [--k 4] [--quick]
+``--pair smollm2``: SmolLM2-135M-Instruct (int8, ``--quantize auto``) with its in-repo draft
+``smollm2-draft``, on workload records that ``spectest train-draft`` held out (never trained
+on); no transformers peer (it would run SmolLM2 in fp32).
+
+    python benchmarks/engine_speedup.py [--pair embedded|smollm2] [--prompts 6]
+                                        [--max-tokens 128] [--k 4]
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from spectest.engine.policies import FixedK
 from spectest.engine.requests import GenerationRequest
 from spectest.engine.sampling import SamplingParams
 from spectest.loadgen.datasets import load_dataset
+from spectest.training import teacher
 
 
 def prompts_for(tokenizer, category: str, n: int, max_prompt: int) -> list[list[int]]:
@@ -47,6 +53,12 @@ def prompts_for(tokenizer, category: str, n: int, max_prompt: int) -> list[list[
         if len(out) == n:
             break
     return out
+
+
+def held_out_prompts(tokenizer, category: str, n: int, max_prompt: int) -> list[list[int]]:
+    """Workload records the SmolLM2 draft never trained on (``training.teacher`` split)."""
+    return [list(p.ids) for p in teacher.workload_prompts(tokenizer, category, held=True)
+            if len(p.ids) <= max_prompt][:n]
 
 
 def run(engine, prompts, max_tokens, temperature, speculative=True, batch=1):
@@ -150,26 +162,32 @@ def hf_peer(prompts, max_tokens, k):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pair", choices=("embedded", "smollm2"), default="embedded")
     ap.add_argument("--prompts", type=int, default=6, help="prompts per workload")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--max-prompt", type=int, default=700)
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--batches", default="1,4,16,32")
+    ap.add_argument("--batches", default=None, help="default 1,4,16,32 (smollm2: 1,4,8)")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--json", default=None, help="also write the figures to this file")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     k = args.k
-    engines = {
-        "target-only": build_engine(drafter="none", policy=FixedK(0), max_num_seqs=32),
-        "draft-model": build_engine(drafter="draft-model", policy=FixedK(k), max_num_seqs=32),
-        "ngram": build_engine(drafter="ngram", policy=FixedK(k), max_num_seqs=32),
-    }
+    smollm2 = args.pair == "smollm2"
+    batches = args.batches or ("1,4,8" if smollm2 else "1,4,16,32")
+    slots = max(int(b) for b in batches.split(","))
+    engines = {name: build_engine(args.pair, drafter=drafter, policy=FixedK(kk),
+                                  max_num_seqs=slots, max_model_len=2048)
+               for name, drafter, kk in (("target-only", "none", 0),
+                                         ("draft-model", "draft-model", k), ("ngram", "ngram", k))}
     tok = engines["target-only"].tokenizer
+    print(f"pair {args.pair}: {engines['target-only'].target.quantization} weights, "
+          f"{torch.get_num_threads()} thread(s)", flush=True)
     rows = []
-    prompt_sets = {c: prompts_for(tok, c, args.prompts, args.max_prompt)
+    pick = held_out_prompts if smollm2 else prompts_for
+    prompt_sets = {c: pick(tok, c, args.prompts, args.max_prompt)
                    for c in ("chat", "code", "rag")}
     for category, prompts in prompt_sets.items():
         for temperature in (0.0, 0.7):
@@ -194,7 +212,7 @@ def main() -> None:
     print("\n== throughput vs batch size (mixed prompts, greedy) ==")
     mixed = [p for ps in prompt_sets.values() for p in ps]
     thr = []
-    for b in [int(x) for x in args.batches.split(",")]:
+    for b in [int(x) for x in batches.split(",")]:
         reqs = (mixed * ((2 * b) // len(mixed) + 1))[:max(2 * b, len(mixed))]
         line = {"batch": b}
         for name in ("target-only", "draft-model", "ngram"):
@@ -211,7 +229,7 @@ def main() -> None:
           f"{losing[0] if losing else 'not reached (pays at every measured batch)'}")
 
     peer = {}
-    if not args.skip_hf:
+    if not args.skip_hf and not smollm2:
         print("\n== Hugging Face transformers on the same pair and prompts (greedy, batch 1) ==")
         code = prompt_sets["code"] + prompt_sets["chat"] + prompt_sets["rag"]
         peer = hf_peer(code, args.max_tokens, k)
@@ -223,10 +241,19 @@ def main() -> None:
                                ("ngram", "hf-prompt-lookup")):
             print(f"{mine:12s} {ours[mine]:7.1f} tok/s vs {theirs:17s} {peer[theirs]:7.1f} "
                   f"tok/s → {ours[mine] / peer[theirs]:.2f}×")
-    code_greedy = table[(table.workload == "code") & (table.temperature == 0.0)]
-    dm = code_greedy[code_greedy.arm == "draft-model"].iloc[0]
-    print(f"\nSUMMARY code greedy batch-1 draft-model speedup {dm.speedup:.2f}× "
-          f"(predicted {dm.predicted}, error {abs(dm.speedup - dm.predicted) / dm.predicted:.0%})")
+    greedy = table[table.temperature == 0.0].set_index(["workload", "arm"])
+    print(f"\nSUMMARY ({args.pair}, greedy, batch 1)")
+    for w in ("chat", "code", "rag"):
+        dm = greedy.loc[(w, "draft-model")]
+        print(f"  {w:5s} draft-model {dm.speedup:.2f}× (predicted {dm.predicted}, error "
+              f"{abs(dm.speedup - dm.predicted) / dm.predicted:.0%}), acceptance "
+              f"{dm.acceptance_rate}; ngram {greedy.loc[(w, 'ngram')].speedup:.2f}×, acceptance "
+              f"{greedy.loc[(w, 'ngram')].acceptance_rate}")
+    ngram_acc = {w: greedy.loc[(w, "ngram")].acceptance_rate or 0 for w in ("chat", "code", "rag")}
+    dm_acc = {w: greedy.loc[(w, "draft-model")].acceptance_rate or 0 for w in ("chat", "rag")}
+    print(f"  RAG has the highest n-gram acceptance: "
+          f"{max(ngram_acc, key=ngram_acc.get) == 'rag'} ({ngram_acc}); draft-model acceptance "
+          f"on RAG >= chat: {dm_acc['rag'] >= dm_acc['chat']} ({dm_acc})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"batch1": rows, "throughput": thr, "hf": peer}, f, indent=2)

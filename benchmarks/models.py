@@ -1,27 +1,36 @@
-"""Benchmark: the embedded target/draft pair on this machine.
+"""Benchmark: the model pairs on this machine.
 
-Prints parameters, file sizes, held-out loss by domain, decode tokens/s at batch 1 and 8 for
-each model (through the KV cache, the way the engine decodes), the cost ratio
-c = T_draft / T_target, and the greedy per-token agreement of draft vs target on held-out text
-split by domain (code / prose) — teacher-forced, so it is the per-token acceptance a greedy
+``--pair embedded`` (default): parameters, file sizes, held-out loss by domain, decode tokens/s
+at batch 1 and 8 for each model (through the KV cache, the way the engine decodes), the cost
+ratio c = T_draft / T_target, and the greedy per-token agreement of draft vs target on held-out
+text split by domain (code / prose) — teacher-forced, so it is the per-token acceptance a greedy
 speculative decoder sees.
 
-    python benchmarks/models.py [--models spectest/models] [--threads N]
+``--pair smollm2``: SmolLM2-135M-Instruct as stored (fp32) and with ``--quantize int8``:
+decode tokens/s at batch 1 and 8, the verify(K+1 = 5) / step(1) cost ratio at batch 1, and
+— with the in-repo draft built — its tokens/s, c, and greedy agreement with SmolLM2 on
+held-out prompts of each workload (records ``spectest train-draft`` never trained on).
+Targets: ≥ 40 tok/s at batch 1 on one thread, verify/step ≤ 1.4, agreement ≥ 0.6.
+
+    python benchmarks/models.py [--pair embedded|smollm2] [--models spectest/models]
+                                [--threads N]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from spectest.engine.api import MODELS_DIR
-from spectest.engine.loader import load_checkpoint
-from spectest.training import corpus
+from spectest.engine.api import MODELS_DIR, resolve_model_path
+from spectest.engine.int8 import quantize_int8
+from spectest.engine.loader import CheckpointError, load_checkpoint
+from spectest.training import corpus, distill, teacher
 
 
 def held_out_streams(tokenizer, max_tokens: int = 60_000) -> dict[str, torch.Tensor]:
@@ -70,13 +79,98 @@ def decode_tokens_per_s(model, batch: int, steps: int = 64, context: int = 128) 
     return batch * steps / (time.perf_counter() - t0)
 
 
+@torch.inference_mode()
+def step_and_verify_ms(model, k: int = 4, context: int = 128, rounds: int = 24):
+    """Median ms of a one-token step and of a (k+1)-token verify at batch 1, same context."""
+    cache = model.new_cache(1, context + 2 * (k + 1))
+    model(torch.randint(0, model.config.vocab_size, (1, context)), cache, last_only=True)
+    times: dict[int, list[float]] = {1: [], k + 1: []}
+    for i in range(2 * rounds + 4):
+        width = 1 if i % 2 else k + 1
+        ids = torch.randint(0, model.config.vocab_size, (1, width))
+        t0 = time.perf_counter()
+        model(ids, cache)
+        if i >= 4:
+            times[width].append(time.perf_counter() - t0)
+        cache.lengths -= width
+    return (statistics.median(times[1]) * 1e3, statistics.median(times[k + 1]) * 1e3)
+
+
+def smollm2_draft_report(target, args) -> dict:
+    """The in-repo draft beside int8 SmolLM2: speed, c, and held-out agreement by workload."""
+    try:
+        draft = load_checkpoint(resolve_model_path("smollm2-draft"))
+    except CheckpointError as exc:
+        return {"draft": f"not measured: {exc}"}
+    params = sum(p.numel() for p in draft.model.parameters())
+    quantize_int8(draft.model)  # --quantize auto: int8 for the SmolLM2 pair, both models
+    step_ms, _ = step_and_verify_ms(draft.model)
+    out = {"draft": {"params": params,
+                     "decode_tok_s_b1": round(decode_tokens_per_s(draft.model, 1), 1),
+                     "decode_tok_s_b8": round(decode_tokens_per_s(draft.model, 8), 1),
+                     "step_ms": round(step_ms, 2)}}
+    prompts = []
+    for workload in teacher.WORKLOADS:
+        prompts += teacher.workload_prompts(target.tokenizer, workload,
+                                            held=True)[:args.prompts]
+    target.model.row_exact = False  # batch decoding for the reference answers
+    answers = teacher.generate(target.model, prompts, target.tokenizer.eos_token_ids,
+                               args.max_tokens, progress=lambda line: None)
+    target.model.row_exact = True
+    out["heldout_agreement"] = distill.agreement(draft.model, answers)
+    return out
+
+
+def smollm2_report(args) -> dict:
+    report: dict = {"threads": torch.get_num_threads()}
+    loaded = {}
+    for quantize in ("none", "int8"):
+        lm = load_checkpoint(resolve_model_path("smollm2"))
+        if quantize == "int8":
+            quantize_int8(lm.model)
+        step_ms, verify_ms = step_and_verify_ms(lm.model)
+        report[f"target_{quantize}"] = {
+            "decode_tok_s_b1": round(decode_tokens_per_s(lm.model, 1), 1),
+            "decode_tok_s_b8": round(decode_tokens_per_s(lm.model, 8), 1),
+            "step_ms": round(step_ms, 2), "verify5_ms": round(verify_ms, 2),
+            "verify5_over_step": round(verify_ms / step_ms, 3)}
+        loaded[quantize] = lm
+    del loaded["none"]
+    report.update(smollm2_draft_report(loaded["int8"], args))
+    if isinstance(report.get("draft"), dict):
+        c = report["draft"]["step_ms"] / report["target_int8"]["step_ms"]
+        report["cost_ratio_c_b1"] = round(c, 3)
+        agree = report["heldout_agreement"]
+        report["summary"] = (f"; draft {report['draft']['params'] / 1e6:.1f}M params, "
+                             f"{report['draft']['decode_tok_s_b1']} tok/s (b1), c = {c:.3f}; "
+                             "held-out greedy agreement " + ", ".join(
+                                 f"{w} {v['agreement']} (n={v['tokens']})"
+                                 for w, v in agree.items()) + " (target >= 0.6)")
+    print(json.dumps(report, indent=2))
+    fp, q = report["target_none"], report["target_int8"]
+    print(f"\nSUMMARY SmolLM2-135M on {report['threads']} thread(s): fp32 "
+          f"{fp['decode_tok_s_b1']} tok/s (b1), {fp['decode_tok_s_b8']} (b8), verify5/step "
+          f"{fp['verify5_over_step']}; int8 {q['decode_tok_s_b1']} tok/s (b1, target >= 40), "
+          f"{q['decode_tok_s_b8']} (b8), verify5/step {q['verify5_over_step']} (target <= 1.4)"
+          + report.get("summary", ""))
+    return report
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pair", choices=("embedded", "smollm2"), default="embedded")
     ap.add_argument("--models", type=Path, default=MODELS_DIR)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--prompts", type=int, default=8,
+                    help="--pair smollm2: held-out prompts per workload for agreement")
+    ap.add_argument("--max-tokens", type=int, default=96,
+                    help="--pair smollm2: SmolLM2 tokens generated per prompt")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.pair == "smollm2":
+        smollm2_report(args)
+        return
     target = load_checkpoint(args.models / "target")
     draft = load_checkpoint(args.models / "draft")
     report = {"threads": torch.get_num_threads()}

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from spectest.engine.gguf_loader import find_smollm2  # noqa: E402
 from spectest.thirdparty.llama_server import LlamaServer, LlamaServerSpec  # noqa: E402
 
-DRAFT_GGUF = ROOT / "spectest" / "models" / "smollm2-draft" / "draft.gguf"
+DRAFT_GGUF = ROOT / "spectest" / "models" / "smollm2-draft" / "smollm2-draft.gguf"
 
 
 def run(cmd: list[str]) -> int:

@@ -11,6 +11,8 @@ import os
 import sys
 from pathlib import Path
 
+from spectest.engine.int8 import QUANTIZE_CHOICES
+
 
 def _train(args) -> int:
     from spectest.training.train import TrainConfig, train_pair
@@ -19,9 +21,20 @@ def _train(args) -> int:
     return 0
 
 
+def _train_draft(args) -> int:
+    from spectest.training.distill import DraftRecipe, train_smollm2_draft
+    import torch
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    recipe = DraftRecipe.quick(args.seed) if args.quick else DraftRecipe(seed=args.seed)
+    train_smollm2_draft(args.out, recipe, args.teacher_cache)
+    return 0
+
+
 def _generate(args) -> int:
     from spectest.engine.api import Engine
-    engine = Engine.from_pretrained(args.model, args.draft, drafter=args.drafter, k=args.k)
+    engine = Engine.from_pretrained(args.model, args.draft, drafter=args.drafter, k=args.k,
+                                    quantize=args.quantize)
     for prompt in args.prompt or ["def fibonacci(n):"]:
         g = engine.generate(prompt, chat=args.chat, max_tokens=args.max_tokens,
                             temperature=args.temperature, seed=args.seed,
@@ -70,11 +83,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="a tiny recipe (tests)")
     p.set_defaults(func=_train)
 
+    p = sub.add_parser("train-draft", help="train smollm2-draft, a draft for SmolLM2-135M "
+                                           "distilled from its own answers (~1 h on 2 cores)")
+    p.add_argument("--out", type=Path, default=Path(__file__).parent / "models" / "smollm2-draft")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--teacher-cache", type=Path, default=None,
+                   help="keep SmolLM2's answers in this file and reuse them if it exists")
+    p.add_argument("--quick", action="store_true", help="a tiny recipe (tests)")
+    p.set_defaults(func=_train_draft)
+
     p = sub.add_parser("generate", help="generate with the bundled engine (a demo)")
     p.add_argument("prompt", nargs="*")
-    p.add_argument("--model", default="embedded")
-    p.add_argument("--draft", default="embedded-draft")
+    p.add_argument("--model", default="embedded", help="embedded, smollm2, a HF directory or "
+                                                       "a .gguf file")
+    p.add_argument("--draft", default="auto", help="draft checkpoint (auto: the target's "
+                                                   "companion draft)")
     p.add_argument("--drafter", default="draft-model", choices=["draft-model", "ngram", "none"])
+    p.add_argument("--quantize", choices=QUANTIZE_CHOICES, default="auto")
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--chat", action="store_true")
     p.add_argument("--max-tokens", type=int, default=64)

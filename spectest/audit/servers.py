@@ -29,7 +29,7 @@ _BOUND = re.compile(r"at (http://127\.0\.0\.1:\d+)")
 @dataclass(frozen=True)
 class ServerSpec:
     model: str = "embedded"
-    draft: str = "embedded-draft"
+    draft: str = "auto"
     drafter: str = "draft-model"
     k: int = 4
     threads: int | None = 1

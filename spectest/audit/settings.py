@@ -75,7 +75,7 @@ class AuditSettings:
     progress: bool = True
     # the bundled server, when --candidate/--baseline is "embedded"
     embedded_model: str = "embedded"
-    embedded_draft: str = "embedded-draft"
+    embedded_draft: str = "auto"
     embedded_drafter: str = "draft-model"
     embedded_k: int = 4
     embedded_threads: int | None = 1

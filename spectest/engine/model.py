@@ -140,24 +140,68 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
+        self.qkv_proj = None  # q, k, v fused into one layer (engine.int8 sets it)
 
     def forward(self, x, cos, sin, layer_cache, mask):
         # x [B, T, D]; cos/sin [B, T, hd]; layer_cache: (write(k, v) -> (keys, values))
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim)
-        v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
+        if self.qkv_proj is not None:
+            kv_width = self.n_kv * self.head_dim
+            q, k, v = self.qkv_proj(x).split(  # [B, T, (H + 2·H_kv)·hd] → three
+                (self.n_heads * self.head_dim, kv_width, kv_width), dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.unflatten(-1, (self.n_heads, self.head_dim))  # [B, T, H, hd]
+        k = k.unflatten(-1, (self.n_kv, self.head_dim))  # [B, T, H_kv, hd]
+        v = v.unflatten(-1, (self.n_kv, self.head_dim))
         cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # [B, T, 1, hd]
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         keys, values = layer_cache(k, v)  # [B, S, H_kv, hd] each
-        # mask: CAUSAL (training, no cache), None (attend every cached key) or bool [B,1,T,S]
-        causal = isinstance(mask, str)
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-            attn_mask=None if causal else mask, is_causal=causal,
-            enable_gqa=self.n_kv != self.n_heads)  # [B, H, T, hd]
+        q, keys, values = q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2)
+        gqa = self.n_kv != self.n_heads
+        # mask: CAUSAL (training, no cache), None (attend every cached key), bool [B,1,T,S],
+        # or RowSpans (each query attends exactly its own keys, in its own call)
+        if isinstance(mask, RowSpans):
+            out = mask.attend(q, keys, values, gqa)
+        else:
+            causal = isinstance(mask, str)
+            out = F.scaled_dot_product_attention(q, keys, values,
+                                                 attn_mask=None if causal else mask,
+                                                 is_causal=causal, enable_gqa=gqa)  # [B,H,T,hd]
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+
+@dataclass(frozen=True)
+class RowSpans:
+    """Batch-invariant attention: every decode query in its own call over exactly its keys.
+
+    A fused attention call sums over the batch's widest span with masked keys in it, and its
+    BLAS calls block by the number of queries, so the same query gets last-bit-different
+    results in a verify of K+1 tokens, in a one-token step, or beside longer rows. Int8 models
+    (``engine.int8``) turn those last bits into whole quantization steps, which can flip a
+    greedy choice; with this every decode query computes what a one-token step of its row
+    computes, bit for bit. A row that starts at position 0 (a prefill) attends in one causal
+    call of its own — the same call whichever batch it is in, so the target's prompt KV is the
+    same in every arm; a draft that prefills one token fewer computes it differently.
+    """
+    counts: tuple[tuple[int, ...], ...]  # [B][T]: keys each query sees (its position + 1)
+
+    def attend(self, q, keys, values, gqa: bool) -> torch.Tensor:
+        # q [B, H, T, hd]; keys/values [B, H_kv, S, hd] → [B, H, T, hd]
+        rows = []
+        for b, counts in enumerate(self.counts):
+            qb, kb, vb = q[b:b + 1], keys[b:b + 1], values[b:b + 1]
+            if counts[0] == 1 and len(counts) > 1:  # prefill from position 0
+                span = counts[-1]
+                rows.append(F.scaled_dot_product_attention(
+                    qb[:, :, :span], kb[:, :, :span], vb[:, :, :span], is_causal=True,
+                    enable_gqa=gqa))
+                continue
+            rows.append(torch.cat([F.scaled_dot_product_attention(
+                qb[:, :, t:t + 1], kb[:, :, :n], vb[:, :, :n], enable_gqa=gqa)
+                for t, n in enumerate(counts)], dim=2))
+        return torch.cat(rows)
 
 
 class MLP(nn.Module):
@@ -166,9 +210,14 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_proj = None  # gate and up fused into one layer (engine.int8 sets it)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [B, T, 2·I] → [B, T, I] × 2
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -190,6 +239,8 @@ class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
+        self.quantization = "none"  # "int8" after engine.int8.quantize_int8
+        self.row_exact = False  # attention through RowSpans (engine.int8 turns it on)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -215,12 +266,14 @@ class Transformer(nn.Module):
                        cfg.head_dim, dtype=dtype)
 
     def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None,
-                slots: torch.Tensor | None = None, last_only: bool = False) -> torch.Tensor:
+                slots: torch.Tensor | None = None, last_only: bool = False,
+                hidden_only: bool = False) -> torch.Tensor:
         """Logits for ``input_ids`` [B, T] appended after each row's cached prefix.
 
         ``slots`` [B] picks the cache rows (default 0..B-1). Without a cache the call is a
         plain causal forward from position 0 (training). Returns [B, T, V], or [B, 1, V]
-        with ``last_only``.
+        with ``last_only``; ``hidden_only``: the final-norm hidden states [B, T, D] instead
+        (training that needs the LM head at a few positions only).
         """
         B, T = input_ids.shape
         if cache is None:
@@ -235,7 +288,9 @@ class Transformer(nn.Module):
             span = int(start.max()) + T
             if span > cache.max_len:
                 raise ValueError(f"KV cache overflow: need {span} positions, have {cache.max_len}")
-            if B == 1 and T == 1:
+            if self.row_exact:
+                mask = RowSpans(tuple(map(tuple, (positions + 1).tolist())))
+            elif B == 1 and T == 1:
                 mask = None  # one query, every cached key is in its past
             else:
                 key_pos = torch.arange(span)
@@ -255,7 +310,8 @@ class Transformer(nn.Module):
             cache.lengths[slots] = start + T
         if last_only:
             x = x[:, -1:]
-        return self.lm_head(self.norm(x))
+        x = self.norm(x)
+        return x if hidden_only else self.lm_head(x)
 
 
 def _no_cache(k, v):

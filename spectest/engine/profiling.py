@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 
 from spectest.engine.api import DRAFTERS, build_engine
+from spectest.engine.int8 import QUANTIZE_CHOICES
 from spectest.engine.policies import FixedK, Profile
 from spectest.engine.requests import GenerationRequest
 from spectest.engine.sampling import SamplingParams
@@ -29,7 +30,8 @@ PROMPTS = ("def parse_args(argv):\n    parser = argparse.ArgumentParser(",
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="embedded")
-    p.add_argument("--draft", default="embedded-draft")
+    p.add_argument("--draft", default="auto")
+    p.add_argument("--quantize", choices=QUANTIZE_CHOICES, default="auto")
     p.add_argument("--drafter", choices=DRAFTERS, default="draft-model")
     p.add_argument("--batch-sizes", default="1,2,4,8,16")
     p.add_argument("--k-max", type=int, default=8)
@@ -64,7 +66,8 @@ def measure(engine, batch: int, k: int, rounds: int) -> tuple[float, list]:
 def run_profile(args) -> Profile:
     batches = [int(b) for b in str(args.batch_sizes).split(",")]
     engine = build_engine(args.model, args.draft, args.drafter, FixedK(args.k_max),
-                          max_num_seqs=max(batches), max_model_len=2048)
+                          max_num_seqs=max(batches), max_model_len=2048,
+                          quantize=args.quantize)
     step_seconds: dict[int, dict[int, float]] = {}
     accepted_at_least = [0] * args.k_max
     drafts = 0

@@ -38,6 +38,7 @@ from pydantic import ValidationError
 
 from spectest.engine.api import resolve_model_path
 from spectest.engine.drafters import DraftModelDrafter, DraftRow
+from spectest.engine.int8 import QUANTIZE_CHOICES, quantize_int8, should_quantize
 from spectest.engine.loader import LoadedModel, load_checkpoint
 from spectest.engine.policies import ConfidenceStop
 from spectest.remote import wire
@@ -221,12 +222,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-sessions", type=int, default=8,
                    help="target servers served at once (the least recently used is evicted)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    p.add_argument("--quantize", choices=QUANTIZE_CHOICES, default="auto",
+                   help="int8, none, or auto = int8 for drafts of >= 50M parameters")
 
 
 def main(args) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(max(1, args.threads))
     loaded = load_checkpoint(resolve_model_path(args.draft))
+    if should_quantize(args.quantize, loaded.model):
+        quantize_int8(loaded.model)
     service = DraftService(loaded, str(args.draft), args.max_sessions)
     try:
         asyncio.run(_run(DraftApp(service), args.host, args.port, loaded))

