@@ -7,9 +7,11 @@ text split by domain (code / prose) — teacher-forced, so it is the per-token a
 speculative decoder sees.
 
 ``--pair smollm2``: SmolLM2-135M-Instruct as stored (fp32) and with ``--quantize int8``:
-decode tokens/s at batch 1 and 8, the verify(K+1 = 5) / step(1) cost ratio at batch 1, and
-— with the in-repo draft built — its tokens/s, c, and greedy agreement with SmolLM2 on
-held-out prompts of each workload (records ``spectest train-draft`` never trained on).
+decode tokens/s at batch 1 and 8, the verify(K+1 = 5) / step(1) cost ratio at batch 1, what
+int8 costs in quality (argmax agreement with fp32 and KL(fp32 ‖ int8) on int8 SmolLM2's own
+held-out answers, teacher-forced), and — with the in-repo draft built — its tokens/s, c, and
+greedy agreement with SmolLM2 on held-out prompts of each workload (records ``spectest
+train-draft`` never trained on).
 Targets: ≥ 40 tok/s at batch 1 on one thread, verify/step ≤ 1.4, agreement ≥ 0.6.
 
     python benchmarks/models.py [--pair embedded|smollm2] [--models spectest/models]
@@ -19,9 +21,11 @@ Targets: ≥ 40 tok/s at batch 1 on one thread, verify/step ≤ 1.4, agreement �
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -96,7 +100,36 @@ def step_and_verify_ms(model, k: int = 4, context: int = 128, rounds: int = 24):
     return (statistics.median(times[1]) * 1e3, statistics.median(times[k + 1]) * 1e3)
 
 
-def smollm2_draft_report(target, args) -> dict:
+def held_out_answers(target, args) -> teacher.TeacherData:
+    """int8 SmolLM2's greedy answers to ``--prompts`` held-out records per workload."""
+    prompts = []
+    for workload in teacher.WORKLOADS:
+        prompts += teacher.workload_prompts(target.tokenizer, workload,
+                                            held=True)[:args.prompts]
+    return teacher.generate(target.model, prompts, target.tokenizer.eos_token_ids,
+                            args.max_tokens, progress=lambda line: None)
+
+
+def int8_fidelity(fp32, int8, answers: teacher.TeacherData) -> dict:
+    """What int8 costs in quality: on the answer positions of ``answers`` (teacher-forced),
+    the share where int8's argmax equals fp32's, and KL(fp32 ‖ int8) in nats (mean, p99)."""
+    same, kls = 0, []
+    for tokens, top_ids in zip(answers.tokens, answers.top_ids):
+        n = len(top_ids)
+        if n == 0:
+            continue
+        ids = tokens.long()[None, :-1]
+        ref = fp32(ids)[0, -n:].float().log_softmax(-1)  # [n, V]
+        got = int8(ids)[0, -n:].float().log_softmax(-1)
+        same += int((ref.argmax(-1) == got.argmax(-1)).sum())
+        kls.append((ref.exp() * (ref - got)).sum(-1))  # [n]
+    kl = torch.cat(kls)
+    return {"positions": len(kl), "argmax_agreement": round(same / len(kl), 4),
+            "kl_mean": round(float(kl.mean()), 4),
+            "kl_p99": round(float(kl.quantile(0.99)), 4)}
+
+
+def smollm2_draft_report(target, answers, args) -> dict:
     """The in-repo draft beside int8 SmolLM2: speed, c, and held-out agreement by workload."""
     try:
         draft = load_checkpoint(resolve_model_path("smollm2-draft"))
@@ -105,38 +138,29 @@ def smollm2_draft_report(target, args) -> dict:
     params = sum(p.numel() for p in draft.model.parameters())
     quantize_int8(draft.model)  # --quantize auto: int8 for the SmolLM2 pair, both models
     step_ms, _ = step_and_verify_ms(draft.model)
-    out = {"draft": {"params": params,
-                     "decode_tok_s_b1": round(decode_tokens_per_s(draft.model, 1), 1),
-                     "decode_tok_s_b8": round(decode_tokens_per_s(draft.model, 8), 1),
-                     "step_ms": round(step_ms, 2)}}
-    prompts = []
-    for workload in teacher.WORKLOADS:
-        prompts += teacher.workload_prompts(target.tokenizer, workload,
-                                            held=True)[:args.prompts]
-    target.model.row_exact = False  # batch decoding for the reference answers
-    answers = teacher.generate(target.model, prompts, target.tokenizer.eos_token_ids,
-                               args.max_tokens, progress=lambda line: None)
-    target.model.row_exact = True
-    out["heldout_agreement"] = distill.agreement(draft.model, answers)
-    return out
+    return {"draft": {"params": params,
+                      "decode_tok_s_b1": round(decode_tokens_per_s(draft.model, 1), 1),
+                      "decode_tok_s_b8": round(decode_tokens_per_s(draft.model, 8), 1),
+                      "step_ms": round(step_ms, 2)},
+            "heldout_agreement": distill.agreement(draft.model, answers)}
 
 
 def smollm2_report(args) -> dict:
     report: dict = {"threads": torch.get_num_threads()}
-    loaded = {}
-    for quantize in ("none", "int8"):
-        lm = load_checkpoint(resolve_model_path("smollm2"))
-        if quantize == "int8":
-            quantize_int8(lm.model)
+    fp32 = load_checkpoint(resolve_model_path("smollm2"))
+    int8 = replace(fp32, model=copy.deepcopy(fp32.model))
+    quantize_int8(int8.model)
+    for quantize, lm in (("none", fp32), ("int8", int8)):
         step_ms, verify_ms = step_and_verify_ms(lm.model)
         report[f"target_{quantize}"] = {
             "decode_tok_s_b1": round(decode_tokens_per_s(lm.model, 1), 1),
             "decode_tok_s_b8": round(decode_tokens_per_s(lm.model, 8), 1),
             "step_ms": round(step_ms, 2), "verify5_ms": round(verify_ms, 2),
             "verify5_over_step": round(verify_ms / step_ms, 3)}
-        loaded[quantize] = lm
-    del loaded["none"]
-    report.update(smollm2_draft_report(loaded["int8"], args))
+    answers = held_out_answers(int8, args)
+    report["int8_vs_fp32"] = int8_fidelity(fp32.model, int8.model, answers)
+    del fp32
+    report.update(smollm2_draft_report(int8, answers, args))
     if isinstance(report.get("draft"), dict):
         c = report["draft"]["step_ms"] / report["target_int8"]["step_ms"]
         report["cost_ratio_c_b1"] = round(c, 3)
@@ -152,6 +176,9 @@ def smollm2_report(args) -> dict:
           f"{fp['decode_tok_s_b1']} tok/s (b1), {fp['decode_tok_s_b8']} (b8), verify5/step "
           f"{fp['verify5_over_step']}; int8 {q['decode_tok_s_b1']} tok/s (b1, target >= 40), "
           f"{q['decode_tok_s_b8']} (b8), verify5/step {q['verify5_over_step']} (target <= 1.4)"
+          f"; int8 vs fp32 on {report['int8_vs_fp32']['positions']} held-out answer positions: "
+          f"argmax agreement {report['int8_vs_fp32']['argmax_agreement']}, KL mean "
+          f"{report['int8_vs_fp32']['kl_mean']} nats (p99 {report['int8_vs_fp32']['kl_p99']})"
           + report.get("summary", ""))
     return report
 

@@ -58,6 +58,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from prometheus_client import CollectorRegistry
 
 from spectest.engine.api import MODELS_DIR, build_engine
+from spectest.loops import run_loop
 from spectest.engine.policies import make_policy
 from spectest.engine.requests import GenerationRequest
 from spectest.engine.sampling import SamplingParams
@@ -215,7 +216,7 @@ def serve(args) -> None:
         server.engine.observers.remove(server.metrics.observe_round)
         server.metrics = NullMetrics(server.metrics)
         assert server.provider is None, "OTEL_TRACES_EXPORTER must be unset for telemetry off"
-    asyncio.run(cli._run(server, "127.0.0.1", 0, f"telemetry {args.serve}"))
+    run_loop(cli._run(server, "127.0.0.1", 0, f"telemetry {args.serve}"))
 
 
 # --- the driver ----------------------------------------------------------------------------

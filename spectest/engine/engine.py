@@ -151,7 +151,9 @@ class SpecEngine:
             except Exception as exc:  # a bad request must not take the engine down
                 log.exception("prefill failed for %s", seq.request.request_id)
                 self._finish(seq, "error", error=f"prefill failed: {exc}")
-        running = [s for s in self.scheduler.running.values() if not s.finished]
+        # in slot order: packed slots 0..B-1 let attention read a view of the KV cache
+        running = sorted((s for s in self.scheduler.running.values() if not s.finished),
+                         key=lambda s: s.slot)
         if running:
             try:
                 self._round(running)
@@ -272,23 +274,26 @@ class SpecEngine:
                                  if "lossy-threshold" in faults else None))
         t2 = time.perf_counter()
 
-        row_records = []
+        # bookkeeping: the tensors cross to Python once, not one element at a time per row
         extra = 1 if "kv-rewind-off-by-one" in faults else 0
+        n_prev = torch.tensor([len(s.tokens) for s in seqs])
+        self.cache.lengths[slots] = torch.minimum(start + K + 1, n_prev + n_acc + extra)
+        accepted, proposed, bonus_tok = n_acc.tolist(), lens.tolist(), nxt.tolist()
+        draft_ids = drafts.tolist()
+        row_records = []
         for i, seq in enumerate(seqs):
-            a, k_i = int(n_acc[i]), int(lens[i])
-            n_prev = len(seq.tokens)
-            written = int(start[i]) + K + 1
-            self.cache.lengths[seq.slot] = min(written, n_prev + a + extra)
-            self.drafter.rewind(seq.slot, n_prev + a)
+            a, k_i = accepted[i], proposed[i]
+            self.drafter.rewind(seq.slot, len(seq.tokens) + a)
             if k_i:
                 seq.drafts += 1
                 seq.draft_tokens += k_i
                 seq.accepted_tokens += a
-                if len(seq.accepted_per_pos) < k_i:
-                    seq.accepted_per_pos += [0] * (k_i - len(seq.accepted_per_pos))
+                per_pos = seq.accepted_per_pos
+                if len(per_pos) < k_i:
+                    per_pos += [0] * (k_i - len(per_pos))
                 for pos in range(a):
-                    seq.accepted_per_pos[pos] += 1
-            new = drafts[i, :a].tolist() + [int(nxt[i])]
+                    per_pos[pos] += 1
+            new = draft_ids[i][:a] + [bonus_tok[i]]
             lps = None
             if seq.request.logprobs is not None:
                 row_lp = F.log_softmax(logits[i, :a + 1].float(), dim=-1)  # [a+1, V]

@@ -45,7 +45,10 @@ class KVCache:
         how many leading positions attention reads. Each returns ([B, span, H, hd], same).
         """
         B, T = positions.shape
-        contiguous = bool((slots == torch.arange(B)).all())
+        lo = int(slots[0])
+        # consecutive slots (the engine sorts rows by slot; the scheduler packs them low):
+        # attention reads a view of the cache; otherwise a gather copies B × span rows
+        consecutive = bool((slots == torch.arange(lo, lo + B)).all())
         rows = slots[:, None].expand_as(positions)  # [B, T]
         single = B == 1 and T == 1
         slot0, pos0 = int(slots[0]), int(positions[0, 0])
@@ -59,8 +62,8 @@ class KVCache:
                 else:
                     k_layer[rows, positions] = k.to(k_layer.dtype)
                     v_layer[rows, positions] = v.to(v_layer.dtype)
-                if contiguous:
-                    return k_layer[:B, :span], v_layer[:B, :span]
+                if consecutive:
+                    return k_layer[lo:lo + B, :span], v_layer[lo:lo + B, :span]
                 return k_layer[slots, :span], v_layer[slots, :span]
             return write
 

@@ -267,13 +267,15 @@ class Transformer(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None,
                 slots: torch.Tensor | None = None, last_only: bool = False,
-                hidden_only: bool = False) -> torch.Tensor:
+                hidden_only: bool = False, row_exact: bool | None = None) -> torch.Tensor:
         """Logits for ``input_ids`` [B, T] appended after each row's cached prefix.
 
         ``slots`` [B] picks the cache rows (default 0..B-1). Without a cache the call is a
         plain causal forward from position 0 (training). Returns [B, T, V], or [B, 1, V]
         with ``last_only``; ``hidden_only``: the final-norm hidden states [B, T, D] instead
-        (training that needs the LM head at a few positions only).
+        (training that needs the LM head at a few positions only). ``row_exact``: attend
+        through :class:`RowSpans` (default: the model's own ``row_exact``; False for batch
+        decoding that does not need batch-invariant rows, e.g. making training data).
         """
         B, T = input_ids.shape
         if cache is None:
@@ -288,7 +290,7 @@ class Transformer(nn.Module):
             span = int(start.max()) + T
             if span > cache.max_len:
                 raise ValueError(f"KV cache overflow: need {span} positions, have {cache.max_len}")
-            if self.row_exact:
+            if self.row_exact if row_exact is None else row_exact:
                 mask = RowSpans(tuple(map(tuple, (positions + 1).tolist())))
             elif B == 1 and T == 1:
                 mask = None  # one query, every cached key is in its past

@@ -10,6 +10,7 @@ called from the server's thread while the engine thread calls ``schedule`` betwe
 
 from __future__ import annotations
 
+import heapq
 import threading
 import time
 from collections import deque
@@ -77,7 +78,9 @@ class Scheduler:
         self.config = config
         self.waiting: deque[Sequence] = deque()
         self.running: dict[int, Sequence] = {}  # slot → sequence
-        self.free_slots = list(range(config.max_num_seqs - 1, -1, -1))
+        # a min-heap: the lowest free slot first, so running slots stay packed at 0..B-1 and
+        # the KV cache can attend over a view of them instead of gathering rows (kv_cache)
+        self.free_slots = list(range(config.max_num_seqs))
         self.reserved = 0
         self.lock = threading.Lock()
         self.wakeup = threading.Condition(self.lock)
@@ -143,7 +146,7 @@ class Scheduler:
                 if self.reserved + self.need(seq.request) > self.config.budget:
                     break
                 self.waiting.popleft()
-                seq.slot = self.free_slots.pop()
+                seq.slot = heapq.heappop(self.free_slots)
                 seq.admitted_at = time.perf_counter()
                 self.reserved += self.need(seq.request)
                 self.running[seq.slot] = seq
@@ -159,7 +162,7 @@ class Scheduler:
     def _free(self, seq: Sequence) -> None:
         if seq.slot >= 0 and self.running.get(seq.slot) is seq:
             del self.running[seq.slot]
-            self.free_slots.append(seq.slot)
+            heapq.heappush(self.free_slots, seq.slot)
             self.reserved -= self.need(seq.request)
         seq.finished = True
 

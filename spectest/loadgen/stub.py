@@ -6,6 +6,9 @@ scheduled against cumulative time (no drift). Under speculation a round carries 
 drafts plus one token in one SSE chunk; acceptance is drawn per position with probability
 ``accept_prob`` from a seeded RNG, so counters and per-response ``spec`` objects agree exactly.
 
+``--burst`` (capacity benchmarks) writes each response's events in one write and adds its
+metrics once: the least a server can cost per request, so that the client saturates first.
+
 Every event carries ``stub_sent_at`` (the stub's monotonic clock just before the write) and
 ``GET /stub/timings`` returns, per response id, the arrival time and the send time of every
 token chunk — the ground truth the timing-accuracy test and the capacity benchmark compare the
@@ -35,6 +38,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from spectest.loops import run_loop
 from spectest.telemetry import names as N
 
 MetricsFlavour = Literal["spectest", "vllm", "sglang"]
@@ -58,6 +62,9 @@ class StubConfig:
     refuse_field: str = ""
     no_usage: bool = False
     drop_after_chunks: int = 0
+    # Capacity benchmarks: every event of a response in one write, metrics added once per
+    # response — the least a server can cost per request, so the client is what saturates.
+    burst: bool = False
 
 
 class _Message(BaseModel):
@@ -142,6 +149,27 @@ class _Metrics:
             for pos in range(accepted):
                 self.per_pos.labels(*lab, str(pos)).inc()
 
+    def response(self, workload: str, k: int, chunks: list[tuple[int, int]], tokens: int) -> None:
+        """A whole response's chunks at once (burst mode): the same totals as chunk by chunk."""
+        if self.cfg.metrics == "sglang":
+            for n, accepted in chunks:
+                if accepted >= 0:
+                    self.round(workload, k, accepted, n)
+            return
+        lab = self._labels(workload)
+        self.generation.labels(*lab).inc(tokens)
+        if not k:
+            return
+        rounds = [a for _, a in chunks if a >= 0]
+        if rounds:
+            self.drafts.labels(*lab).inc(len(rounds))
+            self.draft_tokens.labels(*lab).inc(k * len(rounds))
+            self.accepted.labels(*lab).inc(sum(rounds))
+            for pos in range(max(rounds)):
+                hits = sum(1 for a in rounds if a > pos)
+                if hits:
+                    self.per_pos.labels(*lab, str(pos)).inc(hits)
+
     def first_token(self, workload: str) -> None:
         if self.cfg.metrics != "sglang":
             self.generation.labels(*self._labels(workload)).inc()
@@ -159,6 +187,31 @@ class StubServer:
         self.metrics = _Metrics(cfg, self.registry)
         self.timings: deque[dict] = deque(maxlen=cfg.keep_timings)
         self.served = 0
+        self._piece_cache: dict[tuple, list[str] | str] = {}
+
+    def _pieces(self, text: str, words: list[str], n_tokens: int) -> list[str]:
+        """Each token's JSON-encoded text (the prompt's words, cycled); cached, because a load
+        test sends the same few prompts again and again and the stub should cost little."""
+        key = (text, n_tokens)
+        pieces = self._piece_cache.get(key)
+        if pieces is None:
+            if len(self._piece_cache) >= 1024:
+                self._piece_cache.clear()
+            pieces = [json.dumps(words[i % len(words)] + " ") for i in range(n_tokens)]
+            self._piece_cache[key] = pieces
+        return pieces
+
+    def _burst_body(self, text: str, pieces: list[str], chunks) -> str:
+        """Every token chunk's event with the head (id, created) as ``\\x01`` and the end
+        (send stamp) as ``\\x02`` — JSON escapes both in text; cached when there is one token
+        per chunk (no speculation: the same for every request with this prompt)."""
+        key = (text, len(pieces), "body")
+        if len(chunks) == len(pieces) and key in self._piece_cache:
+            return self._piece_cache[key]
+        body = "".join(f"\x01{piece}\x02" for piece in _merged(pieces, chunks))
+        if len(chunks) == len(pieces):
+            self._piece_cache[key] = body
+        return body
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -219,21 +272,27 @@ class StubServer:
         rid = f"{'chatcmpl' if chat else 'cmpl'}-stub{self.served}"
         rng = random.Random(f"{self.cfg.seed}:{self.served}")
         words = text.split() or ["token"]
-        pieces = [json.dumps(words[i % len(words)] + " ") for i in range(n_tokens)]
+        pieces = self._pieces(text, words, n_tokens)
         chunks = _plan_rounds(n_tokens, k, self.cfg.accept_prob, rng)
         if not req.stream:
             return await self._non_streaming(rid, chat, pieces, chunks, k, workload, received,
                                              speculative)
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                           "Cache-Control": "no-cache"})
-        resp.enable_chunked_encoding()
-        await resp.prepare(request)
+        sse_headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        burst: list[bytes] | None = [] if self.cfg.burst else None
+        if burst is None:
+            resp = web.StreamResponse(headers=sse_headers)
+            resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            send = resp.write
+        else:  # one plain response with every event in its body, sent at the end
+            async def send(data: bytes) -> None:
+                burst.append(data)
         created = int(time.time())
         if chat:
             head = (f'data: {{"id":"{rid}","object":"chat.completion.chunk","created":{created},'
                     f'"model":"{self.cfg.model}","choices":[{{"index":0,"delta":{{')
-            await resp.write(f'{head}"role":"assistant","content":""}},"finish_reason":null}}],'
-                             f'"stub_sent_at":{time.monotonic():.6f}}}\n\n'.encode())
+            await send(f'{head}"role":"assistant","content":""}},"finish_reason":null}}],'
+                       f'"stub_sent_at":{time.monotonic():.6f}}}\n\n'.encode())
             head += '"content":'
             tail = '},"finish_reason":null}],"stub_sent_at":'
         else:
@@ -241,7 +300,18 @@ class StubServer:
                     f'"model":"{self.cfg.model}","choices":[{{"index":0,"text":')
             tail = ',"finish_reason":null}],"stub_sent_at":'
         sent, idx, due = [], 0, received + self.cfg.ttft_s
-        for n, accepted in chunks:
+        if burst is not None:  # every token chunk at once, one stamp: the cheapest stream
+            if due > time.monotonic():
+                await asyncio.sleep(due - time.monotonic())
+            stamp = time.monotonic()
+            end = f"{tail}{stamp:.6f}}}\n\n"
+            burst.append(self._burst_body(text, pieces, chunks)
+                         .replace("\x01", head).replace("\x02", end).encode())
+            sent = [stamp] * len(chunks)
+            chunks_left = ()
+        else:
+            chunks_left = chunks
+        for n, accepted in chunks_left:
             delay = due - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -252,13 +322,13 @@ class StubServer:
                 request.transport.close()  # a dropped stream: no terminating chunk
                 return resp
             stamp = time.monotonic()
-            await resp.write(f"{head}{piece}{tail}{stamp:.6f}}}\n\n".encode())
             sent.append(stamp)
+            await resp.write(f"{head}{piece}{tail}{stamp:.6f}}}\n\n".encode())
+            due += self.cfg.itl_s
             if accepted < 0:
                 self.metrics.first_token(workload)
             else:
                 self.metrics.round(workload, k, accepted, n)
-            due += self.cfg.itl_s
         spec = _spec_object(chunks, k, speculative, self.cfg.drafter)
         usage = {"prompt_tokens": len(words), "completion_tokens": n_tokens,
                  "total_tokens": len(words) + n_tokens}
@@ -271,9 +341,13 @@ class StubServer:
         if req.stream_options and req.stream_options.include_usage and not self.cfg.no_usage:
             tail_events.append({**base, "choices": [], "usage": usage, "spec": spec})
         for ev in tail_events:
-            await resp.write(f"data: {json.dumps(ev)}\n\n".encode())
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
+            await send(f"data: {json.dumps(ev)}\n\n".encode())
+        await send(b"data: [DONE]\n\n")
+        if burst is None:
+            await resp.write_eof()
+        else:
+            self.metrics.response(workload, k, chunks, n_tokens)
+            resp = web.Response(body=b"".join(burst), headers=sse_headers)
         peer = request.transport.get_extra_info("peername") if request.transport else None
         self.timings.append({"id": rid, "received_at": received, "chunk_sent_at": sent,
                              "tokens_per_chunk": [n for n, _ in chunks],
@@ -300,8 +374,22 @@ class StubServer:
             "spec": _spec_object(chunks, k, speculative, self.cfg.drafter)})
 
 
+def _merged(pieces: list[str], chunks: list[tuple[int, int]]) -> list[str]:
+    """Each chunk's text, JSON-encoded: one piece, or the chunk's pieces joined."""
+    if len(chunks) == len(pieces):  # one token per chunk
+        return pieces
+    out, idx = [], 0
+    for n, _ in chunks:
+        out.append(pieces[idx] if n == 1 else
+                   json.dumps("".join(json.loads(p) for p in pieces[idx:idx + n])))
+        idx += n
+    return out
+
+
 def _plan_rounds(n_tokens: int, k: int, p: float, rng: random.Random) -> list[tuple[int, int]]:
     """(tokens in chunk, accepted drafts) per chunk; the first (prefill) chunk has -1."""
+    if k == 0:  # no speculation: a token a round, no draws
+        return [(1, -1)] + [(1, 0)] * (n_tokens - 1)
     out, left = [(1, -1)], n_tokens - 1
     while left > 0:
         accepted = 0
@@ -352,6 +440,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-usage", action="store_true", help="fault: never send usage")
     ap.add_argument("--drop-after-chunks", type=int, default=0,
                     help="fault: close the connection after N token chunks")
+    ap.add_argument("--burst", action="store_true",
+                    help="write each response's events in one write (capacity benchmarks)")
     a = ap.parse_args(argv)
     if a.ttft_ms < 0 or a.itl_ms < 0 or a.spec_k < 0 or not 0 <= a.accept_prob <= 1:
         print("stub: delays and --spec-k must be >= 0 and --accept-prob in [0, 1]", file=sys.stderr)
@@ -360,9 +450,10 @@ def main(argv: list[str] | None = None) -> int:
                      spec_k=a.spec_k, accept_prob=a.accept_prob,
                      speculative_default=not a.no_speculative_default, model=a.model,
                      metrics=a.metrics, seed=a.seed, refuse_field=a.refuse_field,
-                     no_usage=a.no_usage, drop_after_chunks=a.drop_after_chunks)
+                     no_usage=a.no_usage, drop_after_chunks=a.drop_after_chunks,
+                     burst=a.burst)
     try:
-        asyncio.run(_serve_forever(StubServer(cfg), a.host, a.port))
+        run_loop(_serve_forever(StubServer(cfg), a.host, a.port))
     except KeyboardInterrupt:
         pass
     except OSError as e:

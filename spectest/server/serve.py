@@ -5,6 +5,8 @@ stop listening, drain in-flight requests, stop the engine, flush traces), and th
 runtime speculation switch (K up to ``max(--k, --k-max)``, reserved per sequence; runtime
 policies keep ``--k-min``, ``--confidence-threshold``, ``--profile``, ``--disable-above``).
 
+The event loop is uvloop's where installed (``spectest.loops``).
+
 Does not know: request handling (``server.app``) or engine internals (``engine.api``).
 """
 
@@ -27,6 +29,7 @@ from spectest.engine.control import PolicyOptions
 from spectest.engine.engine import FAULTS
 from spectest.engine.int8 import QUANTIZE_CHOICES
 from spectest.engine.policies import POLICIES, make_policy
+from spectest.loops import loop_name, run_loop
 from spectest.remote.drafter import RemoteDrafter
 from spectest.server.app import Server, ServerConfig
 from spectest.telemetry.tracing import build_tracer_provider
@@ -178,9 +181,10 @@ def main(args) -> int:
     drafter = engine.drafter.name + (f" via {args.draft_url}" if args.draft_url else "")
     weights = ("int8" if engine.target.quantization == "int8" else "fp32") + (
         " (--quantize auto)" if args.quantize == "auto" else "")
-    describe = f"drafter {drafter}, K policy {engine.policy.name}, {weights} weights, {threads}"
+    describe = (f"drafter {drafter}, K policy {engine.policy.name}, {weights} weights, {threads}, "
+                f"{loop_name()} event loop")
     try:
-        asyncio.run(_run(server, args.host, args.port, describe))
+        run_loop(_run(server, args.host, args.port, describe))
     except OSError as exc:
         print(f"spectest serve: cannot listen on {args.host}:{args.port}: {exc.strerror}",
               file=sys.stderr)

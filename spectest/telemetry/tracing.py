@@ -4,10 +4,11 @@ Owns: building a ``TracerProvider`` from the standard ``OTEL_*`` environment var
 (``OTEL_TRACES_EXPORTER=otlp|console|none``, default none; OTLP over HTTP reads
 ``OTEL_EXPORTER_OTLP_ENDPOINT`` itself) plus an optional JSON-lines file exporter for users
 without a collector; :class:`RoundTracer`, the engine observer that turns each
-:class:`~spectest.engine.requests.RoundRecord` into one ``spec.round`` span per request that
-took part, under that request's span, carrying the round's phases as attributes
+:class:`~spectest.engine.requests.RoundRecord` into one ``spec.round`` span per request it
+drafted for, under that request's span, carrying the round's phases as attributes
 (``spec.draft_ms``, ``spec.network_ms`` — a disaggregated drafter's transport time —
-``spec.verify_ms``) and the request's own share (K proposed, accepted, emitted).
+``spec.verify_ms``) and the request's own share (K proposed, accepted, emitted); a request's
+consecutive rounds without drafts become one ``spec.decode`` span.
 
 Does not know: HTTP routing or Prometheus. No global provider is installed: the server passes
 the provider in, and a ``None`` provider means tracing is off at zero cost.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections import deque
 from pathlib import Path
 from typing import Sequence
@@ -139,31 +141,39 @@ def _ns(seconds: float) -> int:
 
 
 class RoundTracer:
-    """Engine observer: one ``spec.round`` span per request in a round, its phases as attributes.
+    """Engine observer: one ``spec.round`` span per request in a round that drafted for it, its
+    phases as attributes; a request's consecutive rounds *without* drafts (speculation off for
+    it, K = 0 from the policy, the last token) become one ``spec.decode`` span covering them,
+    with their count (``spec.rounds``) and summed attributes — a span per plain decode step
+    would be a span per token, which is what made tracing cost 7–14 % of a speculation-off
+    server's throughput (issue 13: telemetry ≤ 2 %).
 
     The server registers each request's span (``register``) before submitting it and retires
     it (``unregister``) when the request ends; rows whose request has no span are skipped.
     A request's last tokens reach the server *before* the engine calls its observers for that
     round, so ``unregister`` only marks the span: it is dropped after the next round record
-    has been seen, and the request's last round still gets its span.
+    has been seen, and the request's last round still gets its span (and its open
+    ``spec.decode`` run is closed).
 
     With ``background`` (the server's choice) the engine thread only snapshots the parents
-    and queues the record; a worker thread builds the spans with the recorded timestamps, so
-    span creation overlaps the next round's torch work (which releases the GIL) instead of
-    adding to it. ``flush`` waits for the queue; ``shutdown`` drains it and stops the worker.
-    Past ``max_pending`` queued rounds the oldest are dropped and counted (``dropped``).
+    and queues the record; a worker thread wakes every ``interval`` seconds and builds the
+    spans with the recorded timestamps — in batches, so it takes the GIL a few times a second
+    instead of once a round. ``flush`` has it drain the queue now; ``shutdown`` drains it,
+    closes the open runs and stops the worker. Past ``max_pending`` queued rounds the oldest
+    are dropped and counted (``dropped``).
     """
 
     def __init__(self, provider: TracerProvider, background: bool = False,
-                 max_pending: int = 4096):
+                 max_pending: int = 4096, interval: float = 0.2):
         self.tracer = provider.get_tracer("spectest.engine")
         self._spans: dict[str, Context] = {}
-        self._retired: set[str] = set()
+        self._retired: dict[str, float] = {}  # request id → when it was unregistered
         self._lock = threading.Lock()
-        self.max_pending, self.dropped = max_pending, 0
+        self.max_pending, self.dropped, self.interval = max_pending, 0, interval
         self._pending: deque = deque()
+        self._runs: dict[str, _PlainRun] = {}  # request id → its open run of plain rounds
         self._work = threading.Condition()
-        self._busy = self._stopping = False
+        self._busy = self._stopping = self._flushing = False
         self._worker = None
         if background:
             self._worker = threading.Thread(target=self._drain, name="spectest-round-spans",
@@ -179,77 +189,148 @@ class RoundTracer:
     def unregister(self, request_id: str) -> None:
         with self._lock:
             if request_id in self._spans:
-                self._retired.add(request_id)
+                self._retired[request_id] = time.monotonic()
 
     def __call__(self, record) -> None:
         with self._lock:
-            retired, self._retired = self._retired, set()
+            retired, self._retired = self._retired, {}
             parents = {row.request_id: self._spans.get(row.request_id) for row in record.rows}
             for request_id in retired:
                 self._spans.pop(request_id, None)
         if self._worker is None:
-            self._trace(record, parents)
+            self._trace(record, parents, retired)
             return
-        with self._work:
+        with self._work:  # no notify: the worker comes by every `interval` seconds
             if len(self._pending) >= self.max_pending:
                 self._pending.popleft()
                 self.dropped += 1
-            self._pending.append((record, parents))
-            self._work.notify()
+            self._pending.append((record, parents, retired))
 
     def flush(self, timeout: float = 10.0) -> bool:
-        """Wait until every queued round has its spans; False on timeout."""
+        """Wait until every queued round has its spans; False on timeout. Runs of plain
+        rounds of requests still going stay open."""
+        if self._worker is None:
+            return True
         with self._work:
-            return self._work.wait_for(lambda: not self._pending and not self._busy, timeout)
+            self._flushing = True
+            self._work.notify_all()
+            done = self._work.wait_for(lambda: not self._pending and not self._busy, timeout)
+            self._flushing = False
+            return done
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        if self._worker is None:
-            return
-        with self._work:
-            self._stopping = True
-            self._work.notify_all()
-        self._worker.join(timeout)
+        if self._worker is not None:
+            with self._work:
+                self._stopping = True
+                self._work.notify_all()
+            self._worker.join(timeout)
+        for request_id in list(self._runs):
+            self._close_run(request_id)
 
     def _drain(self) -> None:
         while True:
             with self._work:
-                self._work.wait_for(lambda: self._pending or self._stopping)
-                if not self._pending:
+                self._work.wait_for(lambda: self._stopping or self._flushing, self.interval)
+                if not self._pending and self._stopping:
                     return
                 batch = list(self._pending)
                 self._pending.clear()
                 self._busy = True
+            idle = self._idle_retired()
             try:
-                for record, parents in batch:
-                    self._trace(record, parents)
+                for record, parents, retired in batch:
+                    self._trace(record, parents, retired)
+                for request_id in idle:
+                    self._close_run(request_id)
             finally:
                 with self._work:
                     self._busy = False
                     self._work.notify_all()
 
-    def _trace(self, record, parents: dict[str, Context | None]) -> None:
-        """One ``spec.round`` span per traced request in the round, nothing else: the phases
-        are attributes (draft, network, verify milliseconds), not child spans — three spans
-        per request per round cost the engine thread and the exporter 3× as much (issue 13:
-        telemetry ≤ 2 %), and the round's start and end still bound them on the timeline."""
+    def _idle_retired(self) -> list[str]:
+        """Requests unregistered an interval ago with no round record since (the server went
+        idle): their last round was observed long ago, so their open runs can close now."""
+        old = time.monotonic() - self.interval
+        with self._lock:
+            idle = [rid for rid, at in self._retired.items() if at <= old]
+            for request_id in idle:
+                del self._retired[request_id]
+                self._spans.pop(request_id, None)
+        return idle
+
+    def _trace(self, record, parents: dict[str, Context | None], retired=()) -> None:
+        """One ``spec.round`` span per traced request that drafted in the round; rows without
+        drafts extend the request's run of plain rounds. The phases are attributes (draft,
+        network, verify milliseconds), not child spans: three spans per request per round cost
+        3× as much, and the round's start and end still bound them on the timeline."""
         start = _ns(record.started_at)
         end = start + _ns(record.draft_seconds + record.verify_seconds)
         # Each attribute costs every span ~1.3 µs to create and export: what is the same for a
         # whole request (the drafter: ``spectest.drafter`` on the request's span) or only
         # sometimes set (network time, a drafter failure) is left out when it says nothing.
-        common = {"spec.round.index": record.index, "spec.batch_size": record.batch_size,
-                  "spec.k_policy": record.k, "spec.draft_ms": record.draft_seconds * 1e3,
-                  "spec.verify_ms": record.verify_seconds * 1e3}
-        if record.network_seconds > 0:  # a drafter in another process (serve --draft-url)
-            common["spec.network_ms"] = record.network_seconds * 1e3
-        if record.draft_error is not None:
-            common["spec.draft_error"] = record.draft_error
+        common = None
         start_span = self.tracer.start_span
         for row in record.rows:
             parent = parents[row.request_id]
             if parent is None:
                 continue
+            if not row.k_proposed:
+                run = self._runs.get(row.request_id)
+                if run is None:
+                    run = self._runs[row.request_id] = _PlainRun(parent, record.index, start)
+                run.add(record, row, end)
+                continue
+            self._close_run(row.request_id)
+            if common is None:
+                common = {"spec.round.index": record.index, "spec.batch_size": record.batch_size,
+                          "spec.k_policy": record.k, "spec.draft_ms": record.draft_seconds * 1e3,
+                          "spec.verify_ms": record.verify_seconds * 1e3}
+                if record.network_seconds > 0:  # a drafter in another process (--draft-url)
+                    common["spec.network_ms"] = record.network_seconds * 1e3
+                if record.draft_error is not None:
+                    common["spec.draft_error"] = record.draft_error
             start_span("spec.round", context=parent, start_time=start, kind=SpanKind.INTERNAL,
                        attributes={**common, "spec.k_proposed": row.k_proposed,
                                    "spec.accepted": row.accepted, "spec.bonus": row.bonus,
                                    "spec.emitted": row.emitted}).end(end)
+        for request_id in retired:
+            self._close_run(request_id)
+
+    def _close_run(self, request_id: str) -> None:
+        run = self._runs.pop(request_id, None)
+        if run is not None:
+            self.tracer.start_span("spec.decode", context=run.parent, start_time=run.start,
+                                   kind=SpanKind.INTERNAL, attributes=run.attributes()
+                                   ).end(run.end)
+
+
+class _PlainRun:
+    """A request's consecutive rounds without drafts, summed into one ``spec.decode`` span."""
+
+    __slots__ = ("parent", "first_index", "start", "end", "rounds", "emitted", "batch_size",
+                 "draft_s", "verify_s", "k_policy", "draft_errors")
+
+    def __init__(self, parent: Context, first_index: int, start: int):
+        self.parent, self.first_index, self.start, self.end = parent, first_index, start, start
+        self.rounds = self.emitted = self.batch_size = self.k_policy = self.draft_errors = 0
+        self.draft_s = self.verify_s = 0.0
+
+    def add(self, record, row, end: int) -> None:
+        self.end = end
+        self.rounds += 1
+        self.emitted += row.emitted
+        self.batch_size = max(self.batch_size, record.batch_size)
+        self.k_policy = record.k
+        self.draft_s += record.draft_seconds
+        self.verify_s += record.verify_seconds
+        self.draft_errors += record.draft_error is not None
+
+    def attributes(self) -> dict:
+        attrs = {"spec.round.index": self.first_index, "spec.rounds": self.rounds,
+                 "spec.batch_size": self.batch_size, "spec.k_policy": self.k_policy,
+                 "spec.k_proposed": 0, "spec.accepted": 0, "spec.bonus": False,
+                 "spec.emitted": self.emitted, "spec.draft_ms": self.draft_s * 1e3,
+                 "spec.verify_ms": self.verify_s * 1e3}
+        if self.draft_errors:
+            attrs["spec.draft_errors"] = self.draft_errors
+        return attrs

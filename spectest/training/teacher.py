@@ -43,8 +43,10 @@ class Prompt:
 
 def workload_prompts(tokenizer: Tokenizer, workload: str, *, held: bool,
                      max_prompt_tokens: int = 1536) -> list[Prompt]:
-    """The workload's records on one side of the split, rendered as the workloads send them
-    (messages through the chat template, completion prompts as they are)."""
+    """The workload's records on one side of the split, rendered as their first request is
+    sent (the record's opening message through the chat template — every bundled chat, code
+    and RAG record opens with one user message; follow-up turns, which need the model's own
+    earlier answers, are not used — completion prompts as they are)."""
     out = []
     for rec in load_dataset(workload).records:
         if held_out(rec.id) != held:
@@ -120,7 +122,8 @@ class TeacherData:
 @torch.inference_mode()
 def generate(model, prompts: list[Prompt], eos_ids: tuple[int, ...], max_new: int,
              top_k: int = 16, batch: int = 16, progress=print) -> TeacherData:
-    """Greedy answers of ``model`` to every prompt, ``batch`` rows decoding in lock-step."""
+    """Greedy answers of ``model`` to every prompt, ``batch`` rows decoding in lock-step
+    (fused attention: batch-invariant rows are for serving, not for making data)."""
     data = TeacherData([], [], [], [])
     started, done_tokens = time.perf_counter(), 0
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i].ids))  # similar lengths
@@ -130,12 +133,14 @@ def generate(model, prompts: list[Prompt], eos_ids: tuple[int, ...], max_new: in
         cache = model.new_cache(len(group), longest + max_new + 1)
         for row, p in enumerate(group):  # prefill alone (all but the last prompt token)
             if len(p.ids) > 1:
-                model(torch.tensor([p.ids[:-1]]), cache, torch.tensor([row]), last_only=True)
+                model(torch.tensor([p.ids[:-1]]), cache, torch.tensor([row]), last_only=True,
+                      row_exact=False)
         answers: list[list[int]] = [[] for _ in group]
         tops_i: list[list[torch.Tensor]] = [[] for _ in group]
         tops_v: list[list[torch.Tensor]] = [[] for _ in group]
         alive = torch.ones(len(group), dtype=torch.bool)
-        logits = model(torch.tensor([[p.ids[-1]] for p in group]), cache)[:, -1]  # [B, V]
+        logits = model(torch.tensor([[p.ids[-1]] for p in group]), cache,
+                       row_exact=False)[:, -1]  # [B, V]
         for step in range(max_new):
             values, ids = logits.float().log_softmax(-1).topk(top_k, dim=-1)  # [B, k]
             pick = ids[:, 0]
@@ -148,7 +153,7 @@ def generate(model, prompts: list[Prompt], eos_ids: tuple[int, ...], max_new: in
                         alive[row] = False
             if not bool(alive.any()) or step == max_new - 1:
                 break
-            logits = model(pick[:, None], cache)[:, -1]
+            logits = model(pick[:, None], cache, row_exact=False)[:, -1]
         for row, p in enumerate(group):
             data.prompts.append(p)
             data.tokens.append(torch.tensor(p.ids + tuple(answers[row]), dtype=torch.int32))

@@ -8,6 +8,7 @@ import torch
 from spectest.engine.policies import FixedK
 from spectest.engine.requests import CapacityError, GenerationRequest, QueueFullError
 from spectest.engine.sampling import SamplingParams
+from spectest.engine.scheduler import Scheduler, SchedulerConfig
 
 from pairs import make_engine, tiny_model, tiny_tokenizer
 
@@ -109,3 +110,17 @@ def test_background_thread_serves_and_stops(models):
         assert done.wait(30)
     finally:
         engine.stop()
+
+
+def test_the_scheduler_packs_slots_low():
+    """The lowest free slot goes first, so a batch's slots stay consecutive (test_kv_cache:
+    consecutive slots attend over a view of the cache)."""
+    sched = Scheduler(SchedulerConfig(max_num_seqs=4, max_model_len=128, spec_slots=2))
+    seqs = [sched.submit(GenerationRequest(str(i), (1, 2)), lambda out: None) for i in range(4)]
+    sched.schedule()
+    assert [s.slot for s in seqs] == [0, 1, 2, 3]
+    sched.finish(seqs[2])
+    sched.finish(seqs[0])
+    late = sched.submit(GenerationRequest("late", (1, 2)), lambda out: None)
+    sched.schedule()
+    assert late.slot == 0

@@ -54,3 +54,28 @@ def test_schedule_is_cumulative_and_rounds_add_up(stub):
     # the last chunk is due at ttft + (chunks - 1) * itl after arrival: lateness does not add up
     due = 0.030 + 0.010 * (len(sent) - 1)
     assert sent[-1] - t["received_at"] == pytest.approx(due, abs=0.008)
+
+
+def test_burst_mode_sends_the_same_stream_and_counts_the_same(stub):
+    """``--burst`` (capacity benchmarks) writes a response at once: same events, same metrics."""
+    bodies, metrics = [], []
+    for args in ((), ("--burst",)):
+        url = stub("--ttft-ms", "0", "--itl-ms", "0", "--spec-k", "3", "--accept-prob", "0.6",
+                   *args)
+        status, text = call(url, "/v1/chat/completions", {
+            "model": "stub-model", "messages": [{"role": "user", "content": "one two three"}],
+            "max_tokens": 30, "stream": True, "stream_options": {"include_usage": True}})
+        assert status == 200
+        events = [json.loads(line[5:]) for line in text.split("\n")
+                  if line.startswith("data: {")]
+        for ev in events:
+            ev.pop("stub_sent_at", None)
+            ev.pop("created", None)
+        bodies.append(events)
+        metrics.append(sorted(line for line in call(url, "/metrics")[1].splitlines()
+                              if line.startswith(("spectest:spec_decode",
+                                                  "spectest:generation_tokens"))
+                              and "_created" not in line))
+        assert text.rstrip().endswith("data: [DONE]")
+    assert bodies[0] == bodies[1]
+    assert metrics[0] == metrics[1] and any("accepted_tokens" in m for m in metrics[0])

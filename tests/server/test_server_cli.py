@@ -50,7 +50,7 @@ def test_startup_line_names_a_working_url(served):
     proc, _ = served
     line = proc.output.splitlines()[0]
     assert line.startswith("spectest serving 'cli-test' (drafter draft-model, K policy fixed, ")
-    assert "1 torch thread(s))" in line  # ServeProcess passes --threads 1
+    assert "1 torch thread(s), uvloop event loop)" in line  # ServeProcess passes --threads 1
     assert proc.url.startswith("http://127.0.0.1:")
     assert requests.get(proc.url + "/health", timeout=10).json() == {"status": "ok"}
     models = requests.get(proc.url + "/v1/models", headers=AUTH, timeout=10).json()

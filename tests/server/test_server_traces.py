@@ -38,7 +38,7 @@ def read_spans(live: LiveServer, path: Path, wait_for: str | None = None,
         roots = [s for s in now if s["attributes"].get("gen_ai.response.id") == wait_for]
         if not roots or tokens is None:
             return bool(roots)
-        rounds = children(now, roots[0], "spec.round")
+        rounds = children(now, roots[0], "spec.round") + children(now, roots[0], "spec.decode")
         return sum(r["attributes"]["spec.emitted"] for r in rounds) == tokens - 1
     if wait_for:
         wait_until(settled, 10)
@@ -66,6 +66,11 @@ def children(spans: list[dict], parent: dict, name: str | None = None) -> list[d
 def check_rounds(spans: list[dict], root: dict, spec: dict, completion_tokens: int) -> None:
     rounds = children(spans, root, "spec.round")
     assert rounds, "no spec.round spans under the request"
+    assert all(r["attributes"]["spec.k_proposed"] for r in rounds)
+    plain = children(spans, root, "spec.decode")  # runs of rounds without drafts
+    assert all(p["attributes"]["spec.rounds"] >= 1 and not p["attributes"]["spec.k_proposed"]
+               for p in plain)
+    rounds += plain
     attrs = [r["attributes"] for r in rounds]
     assert sum(a["spec.k_proposed"] for a in attrs) == spec["draft_tokens"]
     assert sum(a["spec.accepted"] for a in attrs) == spec["accepted_tokens"]
@@ -145,11 +150,12 @@ def test_concurrent_requests_get_their_own_rounds(traced):
         root = server_span(spans, resp["id"])
         if resp["spec"]["drafts"]:
             check_rounds(spans, root, resp["spec"], resp["usage"]["completion_tokens"])
-        rounds = children(spans, root, "spec.round")
+        rounds = children(spans, root, "spec.round") + children(spans, root, "spec.decode")
         batch_sizes |= {r["attributes"]["spec.batch_size"] for r in rounds}
-        if not resp["spec"]["speculative"]:
-            assert all(r["attributes"]["spec.k_proposed"] == 0 for r in rounds)
-            assert all(r["attributes"]["spec.draft_ms"] >= 0 for r in rounds)
+        if not resp["spec"]["speculative"]:  # one span for its whole run of plain rounds
+            assert [r["name"] for r in rounds] == ["spec.decode"]
+            assert rounds[0]["attributes"]["spec.emitted"] == resp["usage"][
+                "completion_tokens"] - 1
     assert max(batch_sizes) > 1, "the requests never shared a round"
 
 

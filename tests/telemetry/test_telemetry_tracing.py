@@ -105,9 +105,11 @@ def test_round_spans_hang_under_the_request_span(traced):
     tracer.register("a", request)
     tracer(record([row("a", 4, 4), row("not-traced", 4, 1)]))
     tracer(record([row("a", 0, 0)], index=1, started=1001.0))
+    tracer.unregister("a")
+    tracer(record([], index=2, started=1002.0))  # the next record retires it: its run closes
     request.end()
     spans = exporter.get_finished_spans()
-    rounds = [s for s in spans if s.name == "spec.round"]
+    rounds = [s for s in spans if s.name.startswith("spec.")]
     assert len(rounds) == 2  # the unregistered request's row is skipped
     assert all(r.parent.span_id == request.context.span_id for r in rounds)
     first = rounds[0]
@@ -119,8 +121,31 @@ def test_round_spans_hang_under_the_request_span(traced):
     assert first.start_time == 1000 * 10**9
     assert first.end_time - first.start_time == pytest.approx(14e6, abs=2)
     # one span per request per round: draft, network and verify are attributes, not children
-    assert [s.name for s in spans if s.name != "chat m"] == ["spec.round"] * 2
-    assert rounds[1].attributes["spec.k_proposed"] == 0
+    assert [s.name for s in spans if s.name != "chat m"] == ["spec.round", "spec.decode"]
+    assert rounds[1].attributes["spec.k_proposed"] == 0 and rounds[1].attributes["spec.rounds"] == 1
+
+
+def test_rounds_without_drafts_become_one_decode_span_per_run(traced):
+    """A plain decode step per span would be a span per token (issue 13: telemetry ≤ 2 %)."""
+    provider, exporter, tracer = traced
+    request = provider.get_tracer("server").start_span("chat m", kind=SpanKind.SERVER)
+    tracer.register("a", request)
+    for i in range(5):  # five plain rounds, one round that drafts, two plain rounds
+        tracer(record([row("a", 0, 0)], index=i, started=1000.0 + i))
+    tracer(record([row("a", 4, 1)], index=5, started=1005.0))
+    tracer(record([row("a", 0, 0)], index=6, started=1006.0))
+    tracer(record([row("a", 0, 0)], index=7, started=1007.0))
+    tracer.unregister("a")
+    tracer(record([], index=8, started=1008.0))
+    spans = [s for s in exporter.get_finished_spans() if s.name.startswith("spec.")]
+    assert [s.name for s in spans] == ["spec.decode", "spec.round", "spec.decode"]
+    first, _, last = spans
+    assert first.attributes["spec.rounds"] == 5 and first.attributes["spec.emitted"] == 5
+    assert first.attributes["spec.round.index"] == 0
+    assert first.attributes["spec.verify_ms"] == pytest.approx(50.0)
+    assert first.start_time == 1000 * 10**9 and first.end_time == 1004 * 10**9 + 14 * 10**6
+    assert last.attributes["spec.rounds"] == 2 and last.attributes["spec.round.index"] == 6
+    assert all(s.parent.span_id == request.context.span_id for s in spans)
 
 
 def test_a_remote_drafters_network_term_and_failure_are_on_the_round_span(traced):
@@ -170,9 +195,9 @@ def test_a_full_queue_drops_the_oldest_rounds_and_counts_them():
     tracer.register("a", request)
     release, real = threading.Event(), tracer._trace
 
-    def slow(record, parents):  # the worker is stuck on round 0 while rounds 1–9 arrive
+    def slow(record, parents, retired):  # the worker is stuck on round 0 while 1–9 arrive
         release.wait(10)
-        real(record, parents)
+        real(record, parents, retired)
     tracer._trace = slow
     tracer(record([row("a")], index=0))
     assert wait_for(lambda: tracer._busy)
@@ -206,7 +231,7 @@ def test_last_round_is_traced_even_when_unregistered_first(traced):
     tracer.unregister("never-registered")
     rounds = [s for s in exporter.get_finished_spans() if s.name == "spec.round"]
     assert [r.attributes["spec.round.index"] for r in rounds] == [0]
-    assert tracer._spans == {} and tracer._retired == set()  # nothing kept
+    assert tracer._spans == {} and not tracer._retired  # nothing kept
 
 
 def test_file_records_have_exactly_the_sdk_json_fields(tmp_path):
