@@ -259,8 +259,9 @@ class RoundTracer:
         return idle
 
     def _trace(self, record, parents: dict[str, Context | None], retired=()) -> None:
-        """One ``spec.round`` span per traced request that drafted in the round; rows without
-        drafts extend the request's run of plain rounds. The phases are attributes (draft,
+        """One ``spec.round`` span per traced request that drafted in the round (or whose
+        drafter failed: the error is worth its own span); rows without drafts extend the
+        request's run of plain rounds. The phases are attributes (draft,
         network, verify milliseconds), not child spans: three spans per request per round cost
         3× as much, and the round's start and end still bound them on the timeline."""
         start = _ns(record.started_at)
@@ -274,7 +275,7 @@ class RoundTracer:
             parent = parents[row.request_id]
             if parent is None:
                 continue
-            if not row.k_proposed:
+            if not row.k_proposed and record.draft_error is None:
                 run = self._runs.get(row.request_id)
                 if run is None:
                     run = self._runs[row.request_id] = _PlainRun(parent, record.index, start)
@@ -308,11 +309,11 @@ class _PlainRun:
     """A request's consecutive rounds without drafts, summed into one ``spec.decode`` span."""
 
     __slots__ = ("parent", "first_index", "start", "end", "rounds", "emitted", "batch_size",
-                 "draft_s", "verify_s", "k_policy", "draft_errors")
+                 "draft_s", "verify_s", "k_policy")
 
     def __init__(self, parent: Context, first_index: int, start: int):
         self.parent, self.first_index, self.start, self.end = parent, first_index, start, start
-        self.rounds = self.emitted = self.batch_size = self.k_policy = self.draft_errors = 0
+        self.rounds = self.emitted = self.batch_size = self.k_policy = 0
         self.draft_s = self.verify_s = 0.0
 
     def add(self, record, row, end: int) -> None:
@@ -323,14 +324,10 @@ class _PlainRun:
         self.k_policy = record.k
         self.draft_s += record.draft_seconds
         self.verify_s += record.verify_seconds
-        self.draft_errors += record.draft_error is not None
 
     def attributes(self) -> dict:
-        attrs = {"spec.round.index": self.first_index, "spec.rounds": self.rounds,
-                 "spec.batch_size": self.batch_size, "spec.k_policy": self.k_policy,
-                 "spec.k_proposed": 0, "spec.accepted": 0, "spec.bonus": False,
-                 "spec.emitted": self.emitted, "spec.draft_ms": self.draft_s * 1e3,
-                 "spec.verify_ms": self.verify_s * 1e3}
-        if self.draft_errors:
-            attrs["spec.draft_errors"] = self.draft_errors
-        return attrs
+        return {"spec.round.index": self.first_index, "spec.rounds": self.rounds,
+                "spec.batch_size": self.batch_size, "spec.k_policy": self.k_policy,
+                "spec.k_proposed": 0, "spec.accepted": 0, "spec.bonus": False,
+                "spec.emitted": self.emitted, "spec.draft_ms": self.draft_s * 1e3,
+                "spec.verify_ms": self.verify_s * 1e3}

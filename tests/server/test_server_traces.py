@@ -66,7 +66,8 @@ def children(spans: list[dict], parent: dict, name: str | None = None) -> list[d
 def check_rounds(spans: list[dict], root: dict, spec: dict, completion_tokens: int) -> None:
     rounds = children(spans, root, "spec.round")
     assert rounds, "no spec.round spans under the request"
-    assert all(r["attributes"]["spec.k_proposed"] for r in rounds)
+    assert all(r["attributes"]["spec.k_proposed"] or "spec.draft_error" in r["attributes"]
+               for r in rounds)
     plain = children(spans, root, "spec.decode")  # runs of rounds without drafts
     assert all(p["attributes"]["spec.rounds"] >= 1 and not p["attributes"]["spec.k_proposed"]
                for p in plain)

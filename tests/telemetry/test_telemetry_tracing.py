@@ -155,10 +155,14 @@ def test_a_remote_drafters_network_term_and_failure_are_on_the_round_span(traced
     rec = record([row("a")])
     tracer(replace(rec, network_seconds=0.0015))
     tracer(replace(rec, index=1, network_seconds=0.0004, draft_error="draft server down"))
-    first, second = [s for s in exporter.get_finished_spans() if s.name == "spec.round"]
+    # a failed round drafted nothing, but it is a round worth its own span, not a plain one
+    tracer(replace(rec, index=2, rows=(row("a", 0, 0),), draft_error="draft server down"))
+    first, second, third = [s for s in exporter.get_finished_spans() if s.name == "spec.round"]
     assert first.attributes["spec.network_ms"] == pytest.approx(1.5)
     assert "spec.draft_error" not in first.attributes
     assert second.attributes["spec.draft_error"] == "draft server down"
+    assert third.attributes["spec.draft_error"] == "draft server down"
+    assert third.attributes["spec.k_proposed"] == 0
 
 
 def test_in_the_background_the_same_spans_arrive_after_a_flush():
