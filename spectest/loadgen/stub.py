@@ -299,7 +299,7 @@ class StubServer:
             head = (f'data: {{"id":"{rid}","object":"text_completion","created":{created},'
                     f'"model":"{self.cfg.model}","choices":[{{"index":0,"text":')
             tail = ',"finish_reason":null}],"stub_sent_at":'
-        sent, idx, due = [], 0, received + self.cfg.ttft_s
+        sent, due = [], received + self.cfg.ttft_s
         if burst is not None:  # every token chunk at once, one stamp: the cheapest stream
             if due > time.monotonic():
                 await asyncio.sleep(due - time.monotonic())
@@ -311,13 +311,10 @@ class StubServer:
             chunks_left = ()
         else:
             chunks_left = chunks
-        for n, accepted in chunks_left:
+        for (n, accepted), piece in zip(chunks_left, _merged(pieces, chunks_left)):
             delay = due - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            content = "".join(json.loads(p) for p in pieces[idx:idx + n]) if n > 1 else None
-            piece = json.dumps(content) if content is not None else pieces[idx]
-            idx += n
             if self.cfg.drop_after_chunks and len(sent) >= self.cfg.drop_after_chunks:
                 request.transport.close()  # a dropped stream: no terminating chunk
                 return resp
@@ -376,8 +373,8 @@ class StubServer:
 
 def _merged(pieces: list[str], chunks: list[tuple[int, int]]) -> list[str]:
     """Each chunk's text, JSON-encoded: one piece, or the chunk's pieces joined."""
-    if len(chunks) == len(pieces):  # one token per chunk
-        return pieces
+    if all(n == 1 for n, _ in chunks):  # one token per chunk
+        return pieces[:len(chunks)]
     out, idx = [], 0
     for n, _ in chunks:
         out.append(pieces[idx] if n == 1 else
