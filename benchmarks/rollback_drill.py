@@ -57,7 +57,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path(".cache/rollback-drill"))
     ap.add_argument("serve_args", nargs="*", help="extra `spectest serve` flags (after --)")
     args = ap.parse_args()
-    serve_args = args.serve_args or ["--max-model-len", "2048"]  # as `spectest sweep --embedded`
+    serve_args = args.serve_args  # none: the model's context, as `spectest sweep --embedded`
     result = run_drill(args.out, serve_args, args.workload, args.users, args.run_time,
                        (Flip(args.off_at, False), Flip(args.on_at, True)))
     plot(result, args.out / "drill.png")

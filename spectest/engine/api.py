@@ -20,7 +20,7 @@ from spectest.engine.drafters import DraftModelDrafter, Drafter, NGramDrafter, N
 from spectest.engine.engine import EngineConfig, SpecEngine
 from spectest.engine.gguf_loader import find_smollm2
 from spectest.engine.int8 import quantize_int8, should_quantize
-from spectest.engine.loader import CheckpointError, LoadedModel, load_checkpoint
+from spectest.engine.loader import CheckpointError, LoadedModel, load_checkpoint, peek_config
 from spectest.engine.policies import KPolicy, make_policy
 from spectest.engine.requests import GenerationRequest, RequestOutput, RequestStats
 from spectest.engine.sampling import SamplingParams
@@ -55,6 +55,17 @@ def resolve_model_path(name: str | Path) -> Path:
     return Path(name)
 
 
+def model_context_length(target: str | Path) -> int:
+    """The default ``max_model_len`` of a target name or path, without loading weights."""
+    return peek_config(resolve_model_path(target)).max_position_embeddings
+
+
+def companion_target(draft: str | Path) -> str | None:
+    """The short-named target a short-named draft was made for (``smollm2-draft`` → ``smollm2``),
+    else None."""
+    return next((t for t, d in COMPANION_DRAFTS.items() if d == str(draft)), None)
+
+
 def companion_draft(target: str | Path) -> str:
     """The draft ``--draft auto`` means for this target: its companion, else an error."""
     try:
@@ -80,13 +91,16 @@ def make_drafter(kind: str, draft: LoadedModel | None, n_slots: int, max_len: in
 
 def build_engine(target: str | Path = "embedded", draft: str | Path | None = "auto",
                  drafter: str = "draft-model", policy: KPolicy | None = None,
-                 max_num_seqs: int = 8, max_model_len: int = 1024, max_waiting: int = 256,
+                 max_num_seqs: int = 8, max_model_len: int | None = None,
+                 max_waiting: int = 256,
                  faults: frozenset[str] = frozenset(), ngram_max: int = 4,
                  ngram_min: int = 1, k_reserve: int = 0,
                  policy_options: PolicyOptions | None = None,
                  drafter_instance: Drafter | None = None,
                  quantize: str = "auto") -> SpecEngine:
     """``draft``: a checkpoint, or ``auto`` (None) for the target's companion draft;
+    ``max_model_len``: KV positions per sequence (default: the context the target was trained
+    for, its ``max_position_embeddings``);
     ``quantize``: ``int8`` / ``none`` / ``auto`` (int8 for targets of ≥ 50M parameters), applied
     to the target and the draft alike; ``k_reserve``: reserve KV room per sequence for drafts
     of up to this K even if the policy drafts fewer (so K can be raised at runtime);
@@ -95,6 +109,7 @@ def build_engine(target: str | Path = "embedded", draft: str | Path | None = "au
     ``drafter_instance``: a drafter built by the caller (e.g. one in another process) instead
     of ``drafter`` / ``draft``."""
     target_model = load_checkpoint(resolve_model_path(target))
+    max_model_len = max_model_len or target_model.model.config.max_position_embeddings
     int8 = should_quantize(quantize, target_model.model)
     if int8:
         quantize_int8(target_model.model)

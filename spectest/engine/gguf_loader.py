@@ -103,6 +103,18 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> LoadedMod
     return LoadedModel(model=model, tokenizer=tokenizer, name=path.stem)
 
 
+def gguf_peek_config(path: Path) -> ModelConfig:
+    """The model's shape from a GGUF file's metadata (no tensors read)."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such GGUF file")
+    try:
+        reader = GGUFReader(path)
+    except Exception as exc:  # as in load_gguf
+        raise CheckpointError(f"{path}: not a readable GGUF file ({exc})") from None
+    tied = all(t.name != "output.weight" for t in reader.tensors)  # as load_gguf decides
+    return replace(gguf_config(_Metadata(reader, path)), tie_word_embeddings=tied)
+
+
 class _Metadata:
     """The GGUF key/value section, read lazily, with errors that name the file and key."""
 

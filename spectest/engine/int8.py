@@ -114,11 +114,14 @@ def quantize_int8(model: Transformer) -> Transformer:
     return model
 
 
-def should_quantize(choice: str, model: Transformer) -> bool:
-    """``--quantize``: ``int8`` / ``none``, or ``auto`` = int8 for models of ≥ 50M parameters."""
+def should_quantize(choice: str, model: Transformer, target_params: int | None = None) -> bool:
+    """``--quantize``: ``int8`` / ``none``, or ``auto`` = int8 for models of ≥ 50M parameters.
+    A draft follows its target (``target_params``: the target's count), so that greedy
+    acceptance is the same wherever the draft runs."""
     if choice not in QUANTIZE_CHOICES:
         raise ValueError(f"unknown --quantize {choice!r} (choose from "
                          f"{', '.join(QUANTIZE_CHOICES)})")
     if choice == "auto":
-        return sum(p.numel() for p in model.parameters()) >= AUTO_INT8_MIN_PARAMS
+        params = target_params or sum(p.numel() for p in model.parameters())
+        return params >= AUTO_INT8_MIN_PARAMS
     return choice == "int8"

@@ -62,6 +62,20 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32) -> Loa
     return LoadedModel(model=model, tokenizer=tokenizer, name=path.name)
 
 
+def peek_config(path: str | Path) -> ModelConfig:
+    """A checkpoint's shape (HF ``config.json``, or GGUF metadata and tensor names), read
+    without loading its weights: the trained context (``max_position_embeddings``,
+    the default KV length per sequence, as vLLM defaults ``max_model_len`` to the model's) and
+    the parameter count (``--quantize auto``)."""
+    path = Path(path)
+    if path.suffix == ".gguf":
+        from spectest.engine import gguf_loader
+        return gguf_loader.gguf_peek_config(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: no such checkpoint directory or .gguf file")
+    return config_from_hf(_read_json(path / "config.json", required=True), path)
+
+
 def config_from_hf(hf_config: dict, path: Path) -> ModelConfig:
     archs = hf_config.get("architectures") or []
     arch = archs[0] if archs else None

@@ -41,6 +41,16 @@ class ModelConfig:
     attention_bias: bool = False  # Qwen2: True for q/k/v (not o)
     model_type: str = "llama"
 
+    @property
+    def parameter_count(self) -> int:
+        """Weights a model of this shape holds (norms included), from the shape alone."""
+        h, hd = self.hidden_size, self.head_dim
+        q, kv = self.num_attention_heads * hd, self.num_key_value_heads * hd
+        bias = (q + 2 * kv) if self.attention_bias else 0
+        layer = h * (q + 2 * kv) + bias + q * h + 3 * h * self.intermediate_size + 2 * h
+        embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        return self.num_hidden_layers * layer + embed + h
+
     @classmethod
     def from_hf(cls, cfg: dict) -> "ModelConfig":
         heads = cfg["num_attention_heads"]

@@ -1,9 +1,12 @@
 """A gevent-friendly streaming OpenAI client that times every chunk of one completion.
 
 It rides on Locust's ``FastHttpSession`` (geventhttpclient): one request, ``stream=True``,
-and the SSE body read with ``resp.stream.readline(b"\\n")`` — the read that hands each event to
+and the SSE body read with ``resp.stream.readline(sep)`` — the read that hands each event to
 the client as soon as it arrives (``iter_lines()`` reads 1 KiB blocks and adds ~95 ms to TTFT,
 ``readline()``'s default ``b"\\r\\n"`` waits for the whole body; see shared/REFERENCE.md).
+``sep`` is ``b"\\n"`` for the first line and, where the server ends lines with a bare LF (vLLM,
+SGLang, llama-server and spectest write ``data: …\\n\\n``), ``b"\\n\\n"`` after it: one read per
+event instead of one per line.
 The stream is read to EOF, not abandoned at ``[DONE]``, so the keep-alive connection is reused.
 
 Servers close kept-alive connections (llama-server after every streamed response, although it
@@ -181,7 +184,7 @@ def _http_error(resp, status: int, error: Exception | None) -> str:
 def _read_stream(stream, t0: float, keep_text: bool, base: dict) -> StreamResult:
     """Read SSE events to EOF. A stream that breaks midway (connection dropped, a torn event)
     gives a failed result that keeps what arrived: its TTFT, chunks and tokens so far."""
-    readline = stream.readline
+    readline, rest = stream.readline, stream.read
     loads = json.loads
     perf = time.perf_counter
     times: list[float] = []
@@ -189,38 +192,44 @@ def _read_stream(stream, t0: float, keep_text: bool, base: dict) -> StreamResult
     usage = spec = None
     response_id = ""
     error = ""
+    sep = b"\n"  # the first line; then whole events where the server ends lines with LF
     try:
         while True:
-            line = readline(b"\n")
-            if not line:
+            block = readline(sep) or rest()  # rest: a last event that lacks its blank line
+            if not block:
                 break
-            if not line.startswith(b"data:"):
-                continue
             now = perf()
-            data = line[5:].strip()
-            if data == b"[DONE]" or not data:
-                continue
-            event = loads(data.decode())  # str: json skips sniffing the byte encoding
-            if "error" in event and event["error"]:
-                err = event["error"]
-                error = f"stream error: {err.get('message', err) if isinstance(err, dict) else err}"
-                continue
-            if not response_id:
-                response_id = event.get("id", "")
-            if event.get("usage"):
-                usage = event["usage"]
-            stats = response_stats(event)  # spectest's `spec`, llama.cpp's `timings.draft_n`
-            if stats is not None:
-                spec = {**(event.get("spec") or {}), **stats.as_spec()}
-            for choice in event.get("choices") or ():
-                src = choice.get("delta") or choice  # chat delta, or the completions choice
-                text = (src.get("content") or src.get("text") or src.get("reasoning_content")
-                        or src.get("reasoning"))
-                if text:
-                    times.append(now)
-                    if keep_text:
-                        pieces.append(text)
-                    break
+            if sep == b"\n" and block.startswith(b"data:") and not block.endswith(b"\r\n"):
+                sep = b"\n\n"  # one read per event, not two (halves the client's read cost)
+            one_line = block.count(b"\n") <= (2 if block.endswith(b"\n\n") else 1)
+            for line in (block,) if one_line else block.split(b"\n"):
+                if not line.startswith(b"data:"):
+                    continue  # the blank line, comments (": ping"), event:/id: fields
+                data = line[5:].strip()
+                if data == b"[DONE]" or not data:
+                    continue
+                event = loads(data.decode())  # str: json skips sniffing the byte encoding
+                if "error" in event and event["error"]:
+                    err = event["error"]
+                    error = ("stream error: "
+                             f"{err.get('message', err) if isinstance(err, dict) else err}")
+                    continue
+                if not response_id:
+                    response_id = event.get("id", "")
+                if event.get("usage"):
+                    usage = event["usage"]
+                stats = response_stats(event)  # spectest's `spec`, llama.cpp's `timings`
+                if stats is not None:
+                    spec = {**(event.get("spec") or {}), **stats.as_spec()}
+                for choice in event.get("choices") or ():
+                    src = choice.get("delta") or choice  # chat delta, or the completions choice
+                    text = (src.get("content") or src.get("text")
+                            or src.get("reasoning_content") or src.get("reasoning"))
+                    if text:
+                        times.append(now)
+                        if keep_text:
+                            pieces.append(text)
+                        break
     except Exception as e:  # socket reset, truncated chunked body, a torn JSON event
         error = (f"stream broken after {len(times)} token chunk(s): "
                  f"{type(e).__name__}: {e}")

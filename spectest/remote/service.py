@@ -36,10 +36,10 @@ import torch
 from aiohttp import web
 from pydantic import ValidationError
 
-from spectest.engine.api import resolve_model_path
+from spectest.engine.api import companion_target, resolve_model_path
 from spectest.engine.drafters import DraftModelDrafter, DraftRow
 from spectest.engine.int8 import QUANTIZE_CHOICES, quantize_int8, should_quantize
-from spectest.engine.loader import LoadedModel, load_checkpoint
+from spectest.engine.loader import LoadedModel, load_checkpoint, peek_config
 from spectest.engine.policies import ConfidenceStop
 from spectest.remote import wire
 from spectest.server.errors import APIError, error_middleware, validation_error
@@ -68,7 +68,7 @@ class DraftService:
     def info(self) -> dict:
         return {"protocol": wire.PROTOCOL, "model": self.name, "vocab_size": self.vocab_size,
                 "tokenizer_fingerprint": self.loaded.tokenizer.fingerprint,
-                "sessions": len(self.sessions)}
+                "quantization": self.loaded.model.quantization, "sessions": len(self.sessions)}
 
     def open_session(self, spec: wire.SessionIn) -> dict:
         if spec.n_slots * spec.max_len > wire.MAX_POSITIONS:
@@ -223,15 +223,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="target servers served at once (the least recently used is evicted)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     p.add_argument("--quantize", choices=QUANTIZE_CHOICES, default="auto",
-                   help="int8, none, or auto = int8 for drafts of >= 50M parameters")
+                   help="int8, none, or auto = as `spectest serve` quantizes the draft beside "
+                        "its target: int8 when the target has >= 50M parameters (a bundled "
+                        "draft's target is known: smollm2-draft → smollm2; else the draft's "
+                        "own size decides)")
+
+
+def load_draft(draft: str, quantize: str = "auto") -> LoadedModel:
+    """The draft, with the weights ``spectest serve`` would give it beside its target."""
+    loaded = load_checkpoint(resolve_model_path(draft))
+    target = companion_target(draft)
+    target_params = peek_config(resolve_model_path(target)).parameter_count if target else None
+    if should_quantize(quantize, loaded.model, target_params):
+        quantize_int8(loaded.model)
+    return loaded
 
 
 def main(args) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(max(1, args.threads))
-    loaded = load_checkpoint(resolve_model_path(args.draft))
-    if should_quantize(args.quantize, loaded.model):
-        quantize_int8(loaded.model)
+    loaded = load_draft(args.draft, args.quantize)
     service = DraftService(loaded, str(args.draft), args.max_sessions)
     try:
         asyncio.run(_run(DraftApp(service), args.host, args.port, loaded))
@@ -249,7 +260,8 @@ async def _run(draft_app: DraftApp, host: str, port: int, loaded: LoadedModel) -
     await site.start()
     bound = site._server.sockets[0].getsockname()[1] if site._server else port
     print(f"spectest draft server {draft_app.service.name!r} "
-          f"({loaded.model.config.vocab_size}-token vocabulary, {torch.get_num_threads()} torch "
+          f"({loaded.model.config.vocab_size}-token vocabulary, {loaded.model.quantization} "
+          f"weights, {torch.get_num_threads()} torch "
           f"thread(s)) at http://{host}:{bound}  — `spectest serve --draft-url "
           f"http://{host}:{bound}` drafts from here", flush=True)
     await until_signalled()

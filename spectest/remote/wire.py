@@ -89,6 +89,7 @@ class DraftInfo(_Strict):
     model: str
     vocab_size: int
     tokenizer_fingerprint: str
+    quantization: str  # the draft's weights: none (float) or int8
     sessions: int
 
 

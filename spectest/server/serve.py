@@ -24,7 +24,8 @@ import torch
 from aiohttp import web
 from prometheus_client import CollectorRegistry, disable_created_metrics
 
-from spectest.engine.api import COMPANION_DRAFTS, DRAFTERS, build_engine, resolve_model_path
+from spectest.engine.api import (COMPANION_DRAFTS, DRAFTERS, build_engine, model_context_length,
+                                 resolve_model_path)
 from spectest.engine.control import PolicyOptions
 from spectest.engine.engine import FAULTS
 from spectest.engine.int8 import QUANTIZE_CHOICES
@@ -72,7 +73,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ngram-max", type=int, default=4)
     p.add_argument("--ngram-min", type=int, default=1)
     p.add_argument("--max-num-seqs", type=int, default=8)
-    p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="KV positions per sequence, prompt + output (default: the context the "
+                        "model was trained for; the embedded pair: 4096)")
     p.add_argument("--max-waiting", type=int, default=64,
                    help="queue bound; beyond it requests get 429 with Retry-After")
     p.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY")
@@ -121,21 +124,28 @@ def build_server(args) -> Server:
     runtime = PolicyOptions(k_min=args.k_min, k_max=k_limit,
                             threshold=args.confidence_threshold, profile=args.profile,
                             disable_above=args.disable_above)
+    max_model_len = args.max_model_len or model_context_length(args.model)
     remote = None
     if args.draft_url:
         if args.drafter != "draft-model":
             raise ValueError("--draft-url drafts with a draft model: drop --drafter "
                              f"{args.drafter}")
-        remote = RemoteDrafter(args.draft_url, args.max_num_seqs, args.max_model_len,
+        remote = RemoteDrafter(args.draft_url, args.max_num_seqs, max_model_len,
                                timeout_s=args.draft_timeout)
     engine = build_engine(args.model, args.draft, args.drafter, policy,
-                          max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                          max_num_seqs=args.max_num_seqs, max_model_len=max_model_len,
                           max_waiting=args.max_waiting, faults=frozenset(args.inject_fault),
                           ngram_max=args.ngram_max, ngram_min=args.ngram_min,
                           k_reserve=k_limit, policy_options=runtime, drafter_instance=remote,
                           quantize=args.quantize)
     if remote is not None:  # refuses a draft server whose tokenizer differs from the target's
-        remote.connect(engine.tokenizer.fingerprint)
+        info = remote.connect(engine.tokenizer.fingerprint)
+        if info.quantization != engine.target.quantization:
+            print(f"spectest serve: the draft server's weights are {info.quantization}, the "
+                  f"target's {engine.target.quantization}: acceptance will differ from serving "
+                  f"the draft beside the target (start serve-draft with --quantize "
+                  f"{'int8' if engine.target.quantization == 'int8' else 'none'})",
+                  file=sys.stderr, flush=True)
     name = args.served_model_name or (EMBEDDED_NAME if args.model == "embedded" else
                                       args.model if args.model in COMPANION_DRAFTS
                                       else resolve_model_path(args.model).stem)
@@ -181,8 +191,10 @@ def main(args) -> int:
     drafter = engine.drafter.name + (f" via {args.draft_url}" if args.draft_url else "")
     weights = ("int8" if engine.target.quantization == "int8" else "fp32") + (
         " (--quantize auto)" if args.quantize == "auto" else "")
+    context = engine.config.scheduler.max_model_len
     describe = (f"drafter {drafter}, K policy {engine.policy.name}, {weights} weights, {threads}, "
-                f"{loop_name()} event loop")
+                f"{loop_name()} event loop, max model len {context}"
+                + ("" if args.max_model_len else " (the model's context)"))
     try:
         run_loop(_run(server, args.host, args.port, describe))
     except OSError as exc:

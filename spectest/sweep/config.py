@@ -59,7 +59,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cap on output tokens per request (default 96; 0: each record's own "
                         "length)")
     g.add_argument("--max-prompt-chars", type=int, default=None,
-                   help="skip longer prompts (default 2000 with --embedded, else no limit)")
+                   help="skip longer prompts (default: no limit; the embedded pair's 4096-"
+                        "token context holds every bundled record)")
     g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature")
     g.add_argument("--processes", type=int, default=1,
                    help="load-generating Locust processes per step (> 1: Locust's master with "
@@ -181,7 +182,7 @@ class SweepConfig:
         ``draft_url``: draft from that ``spectest serve-draft`` (``--disaggregated``)."""
         remote = ["--draft-url", draft_url] if draft_url else []
         return ["--model", self.model, "--draft", self.draft, "--k", str(self.k),
-                "--max-num-seqs", str(max(self.steps)), "--max-model-len", "2048",
+                "--max-num-seqs", str(max(self.steps)),
                 "--threads", "1", *remote, *self.server_args]
 
     def draft_server_args(self) -> list[str]:
@@ -256,8 +257,7 @@ class SweepConfig:
             validate = False  # the advisor needs both arms
         if a.max_prompt_chars is not None and a.max_prompt_chars < 0:
             raise ConfigError("--max-prompt-chars must be >= 0")
-        max_prompt = a.max_prompt_chars if a.max_prompt_chars is not None else (
-            2000 if embedded else 0)
+        max_prompt = a.max_prompt_chars or 0
         try:
             min_requests, cost = analysis_options(a)
         except SweepError as e:

@@ -17,12 +17,13 @@ the provider in, and a ``None`` provider means tracing is off at zero cost.
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
@@ -52,28 +53,52 @@ def _context(ctx) -> dict[str, str]:
             "trace_state": repr(ctx.trace_state)}
 
 
-def span_record(span: ReadableSpan, resource: dict) -> dict:
+class IsoTime:
+    """``ns_to_iso_str`` (the SDK's span timestamps, ``2026-11-23T23:46:45.147283Z``), same
+    string for every input, at a fifth of its cost: the date and time of day are formatted once
+    per second, the microseconds computed as ``datetime.fromtimestamp`` rounds them (half to
+    even, of the float seconds)."""
+
+    def __init__(self):
+        self._second, self._prefix = None, ""
+
+    def __call__(self, nanoseconds: int) -> str:
+        frac, whole = math.modf(nanoseconds / 1e9)
+        micro = round(frac * 1e6)
+        if micro >= 1_000_000:
+            whole, micro = whole + 1, micro - 1_000_000
+        if whole != self._second:
+            self._second = whole
+            self._prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
+        return f"{self._prefix}.{micro:06d}Z"
+
+
+def span_record(span: ReadableSpan, resource: dict | None,
+                iso: Callable[[int], str] = ns_to_iso_str) -> dict:
     """The fields of ``ReadableSpan.to_json()``, built directly: the SDK's version indents,
     and re-serializes the resource for every span, several times slower — and the exporter
-    competes with the engine thread for the GIL."""
+    competes with the engine thread for the GIL. ``resource`` None: left out (the file exporter
+    appends its serialized form)."""
     status = {"status_code": span.status.status_code.name}
     if span.status.description:
         status["description"] = span.status.description
-    return {
+    record = {
         "name": span.name,
         "context": _context(span.context) if span.context else None,
         "kind": str(span.kind),
         "parent_id": f"0x{span.parent.span_id:016x}" if span.parent else None,
-        "start_time": ns_to_iso_str(span.start_time) if span.start_time else None,
-        "end_time": ns_to_iso_str(span.end_time) if span.end_time else None,
+        "start_time": iso(span.start_time) if span.start_time else None,
+        "end_time": iso(span.end_time) if span.end_time else None,
         "status": status,
         "attributes": dict(span.attributes or {}),
-        "events": [{"name": e.name, "timestamp": ns_to_iso_str(e.timestamp),
+        "events": [{"name": e.name, "timestamp": iso(e.timestamp),
                     "attributes": dict(e.attributes or {})} for e in span.events],
         "links": [{"context": _context(link.context), "attributes": dict(link.attributes or {})}
                   for link in span.links],
-        "resource": resource,
     }
+    if resource is not None:
+        record["resource"] = resource
+    return record
 
 
 class JsonLinesExporter(SpanExporter):
@@ -85,16 +110,22 @@ class JsonLinesExporter(SpanExporter):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._file = open(self.path, "a", encoding="utf-8")
-        self._resource: tuple[object, dict] = (None, {})  # one provider → one Resource
+        self._resource: tuple[object, str] = (None, "")  # one provider → one Resource
+        self._iso = IsoTime()
+        self._dumps = json.JSONEncoder(separators=(",", ":"), default=str).encode
 
-    def _resource_of(self, span: ReadableSpan) -> dict:
+    def _resource_json(self, span: ReadableSpan) -> str:
+        """``,"resource":{…}}`` — serialized once, appended to every record."""
         if self._resource[0] is not span.resource:
-            self._resource = (span.resource, json.loads(span.resource.to_json()))
+            resource = json.loads(span.resource.to_json())
+            self._resource = (span.resource,
+                              ',"resource":' + self._dumps(resource) + "}")
         return self._resource[1]
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        lines = [json.dumps(span_record(span, self._resource_of(span)), separators=(",", ":"),
-                            default=str) for span in spans]
+        dumps, iso = self._dumps, self._iso
+        lines = [dumps(span_record(span, None, iso))[:-1] + self._resource_json(span)
+                 for span in spans]
         with self._lock:
             self._file.write("".join(line + "\n" for line in lines))
             self._file.flush()

@@ -37,6 +37,7 @@ per-token acceptance a greedy speculative decoder sees):
 code **{agree['code']}**, prose **{agree['prose']}** (before distillation: code
 {before['code']}, prose {before['prose']}).
 
+{_long_context(f)}
 ## Corpus
 Assembled by `spectest/training/corpus.py` from text on the machine, {f['corpus_mb']} MB:
 - code: the Python {'3.11'} standard library's `.py` sources, plus chat-formatted
@@ -53,19 +54,41 @@ out): {f['held_out_tokens']['code']} code and {f['held_out_tokens']['prose']} pr
 2. Target: {r['target_steps']} AdamW steps of next-token cross-entropy, batch
    {r['batch_size']} × {r['seq_len']} tokens, bf16 autocast, cosine schedule (peak
    {r['lr']}).
-3. Draft: {r['draft_steps']} steps of plain training, then {r['distill_steps']} steps of
+3. Context extension of the target: {r.get('long_steps', 0)} more steps on single
+   {r.get('long_seq_len', r['seq_len'])}-token windows (peak {r.get('long_lr')}), alternating
+   between the corpus and long RAG conversations (4–12 numbered documentation sections as
+   passages, a question about one by title, an answer quoting it word for word — the shape of
+   the bundled RAG workload).
+4. Draft: {r['draft_steps']} steps of plain training, then {r['distill_steps']} steps of
    forward-KL distillation on the target's logits (plain training followed by KL fine-tuning
-   beat distillation from scratch in earlier measurements).
-4. Weights stored in fp16; every figure above is measured on the stored weights.
+   beat distillation from scratch in earlier measurements), then
+   {r.get('long_distill_steps', 0)} distillation steps on the long windows.
+5. Weights stored in fp16; every figure above is measured on the stored weights.
 
 ## Rebuild
 ```
-spectest train-demo-models --seed {f['seed']} --out spectest/models   # about {f['total_minutes']} min here
+spectest train-demo-models --seed {f['seed']} --threads {f['threads']} --out spectest/models   # {f['total_minutes']} min here
 python benchmarks/models.py        # sizes, speed, cost ratio c, agreement by domain
 ```
 Same seed and thread count → the same tokenizer and closely matching losses
 (`tests/training/test_training_reproducible.py`). Engine-level acceptance:
 `python benchmarks/engine_speedup.py`.
+"""
+
+
+def _long_context(f: dict) -> str:
+    long = f.get("long_context")
+    if not long:
+        return ""
+    quarters = lambda xs: " / ".join(f"{x:.3f}" for x in xs)  # noqa: E731
+    return f"""
+## Context: {long['window']} positions
+Trained on {f['recipe']['seq_len']}-token windows, then extended (recipe step 3); served with
+a {long['window']}-token context by default. Target held-out loss (nats/token) by quarter of
+a {long['window']}-token window of held-out long RAG conversations ({long['held_out_tokens']}
+tokens): before the extension {quarters(long['target_loss_by_quarter_before_extension'])},
+after {quarters(long['target_loss_by_quarter'])}. Draft/target greedy agreement on the same
+windows: **{long['greedy_agreement']}**.
 """
 
 

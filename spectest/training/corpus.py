@@ -3,7 +3,8 @@
 Owns: finding the sources (the Python standard library's ``.py`` files for code; Debian's
 ``python3.11-doc`` reStructuredText sources for English prose), shaping some of them into the
 three prompt styles spectest serves (chat turns, code instructions, RAG question + context),
-and a deterministic train / held-out split by file.
+long multi-passage RAG documents for the context-extension phase (``long_rag_documents``), and a
+deterministic train / held-out split by file.
 
 Does not know: tokenizers or models. Everything is sorted and seeded so two runs see the same
 documents in the same order.
@@ -150,4 +151,45 @@ def build_documents(seed: int = 0, held_out_fraction: float = 0.03,
                               ("assistant", f"According to the context, {answer}")])
             docs.append(Document(text_, "prose", rel, held))
     rng.shuffle(docs)
+    return docs
+
+
+RAG_INSTRUCTION = ("Answer the question using only the passages. First quote, word for word, "
+                   "the sentence that contains the answer; then give the answer.")
+_SENTENCE = re.compile(r"(?<=[.!?])\s+")
+
+
+def long_rag_documents(count: int, seed: int = 0, held_out_fraction: float = 0.03,
+                       doc_root: Path = DOC_ROOT, max_files: int | None = None,
+                       passages: tuple[int, int] = (4, 12)) -> list[Document]:
+    """``count`` long RAG conversations (domain ``long``): 4–12 numbered documentation sections
+    as passages, a question about one of them by title, and an answer that first quotes that
+    section's opening sentence word for word — the shape of the bundled RAG workload (several
+    passages, 1k–3k tokens, answers copied from the context), so that a model trained on them
+    learns to attend thousands of positions back. Passages of held-out files make the held-out
+    documents (every 20th), so they share no text with the training ones."""
+    rng = random.Random(seed + 7)
+    pools: dict[bool, list[tuple[str, str]]] = {False: [], True: []}
+    files = doc_files(doc_root)
+    for path in files[:max_files] if max_files else files:
+        held = _held_out(str(path.relative_to(doc_root)), held_out_fraction)
+        text = path.read_text(encoding="utf-8", errors="replace")
+        for title, body in doc_sections(text):
+            sentences = _SENTENCE.split(body.strip(), maxsplit=2)
+            if len(sentences) >= 2 and 20 < len(sentences[0]) < 400:
+                pools[held].append((title, body[:1500]))
+    docs = []
+    for i in range(count):
+        held = i % 20 == 0 and len(pools[True]) >= passages[0]
+        pool = pools[held]
+        picks = rng.sample(pool, min(len(pool), rng.randint(*passages)))
+        answer = rng.randrange(len(picks))
+        title, body = picks[answer]
+        first, second = _SENTENCE.split(body.strip(), maxsplit=2)[:2]
+        context = "\n\n".join(f"[{j + 1}] {t}\n{b}" for j, (t, b) in enumerate(picks))
+        prompt = (f"{RAG_INSTRUCTION}\n\nPassages:\n\n{context}\n\n"
+                  f"Question: What does passage \"{title}\" say?")
+        reply = f"\"{first}\" [{answer + 1}]\n\nAnswer: {first} {second}"
+        docs.append(Document(chat([("user", prompt), ("assistant", reply)]), "long",
+                             f"long-rag-{i}", held))
     return docs

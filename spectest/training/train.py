@@ -2,7 +2,10 @@
 
 Owns: the recipe (`TrainConfig`), the training loops (next-token cross-entropy for the target
 and the draft's warm start; forward KL to the target's logits for the draft's distillation),
-held-out evaluation, and writing both models in Hugging Face layout with a model card.
+the context extension (both models continue on 4,096-token windows, half of them long
+multi-passage RAG conversations, after training on 512-token ones — the usual way long-context
+models are made, since attention over long windows costs more per step), held-out evaluation,
+and writing both models in Hugging Face layout with a model card.
 
 Does not know: serving or speculation. Deterministic for a given seed and thread count:
 documents, tokenizer merges, initial weights and batch sampling all come from the seed.
@@ -37,15 +40,20 @@ class TrainConfig:
     target: ModelConfig = field(default_factory=lambda: ModelConfig(
         vocab_size=2048, hidden_size=256, intermediate_size=768, num_hidden_layers=8,
         num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-        max_position_embeddings=2048, rope_theta=10000.0, rms_norm_eps=1e-5))
+        max_position_embeddings=4096, rope_theta=10000.0, rms_norm_eps=1e-5))
     draft: ModelConfig = field(default_factory=lambda: ModelConfig(
         vocab_size=2048, hidden_size=128, intermediate_size=384, num_hidden_layers=1,
         num_attention_heads=2, num_key_value_heads=1, head_dim=64,
-        max_position_embeddings=2048, rope_theta=10000.0, rms_norm_eps=1e-5,
+        max_position_embeddings=4096, rope_theta=10000.0, rms_norm_eps=1e-5,
         tie_word_embeddings=True))
     target_steps: int = 1100
     draft_steps: int = 2500
     distill_steps: int = 800
+    long_seq_len: int = 4096  # context extension: windows of this length, batch 1
+    long_steps: int = 200  # target
+    long_distill_steps: int = 120  # draft (distillation, as its last phase)
+    long_lr: float = 1e-3
+    long_docs: int = 400  # long RAG conversations (corpus.long_rag_documents)
     lr: float = 3e-3
     draft_lr: float = 4e-3
     warmup: int = 50
@@ -62,6 +70,7 @@ class TrainConfig:
                           vocab_size=512)
         return cls(seed=seed, vocab_size=512, seq_len=64, batch_size=8, target=small_t,
                    draft=small_d, target_steps=30, draft_steps=20, distill_steps=20,
+                   long_seq_len=128, long_steps=6, long_distill_steps=4, long_docs=12,
                    eval_batches=4, max_files=40, held_out_fraction=0.25)
 
 
@@ -91,11 +100,19 @@ def encode_stream(tok: Tokenizer, docs: list[corpus_mod.Document]) -> torch.Tens
     return torch.tensor(ids, dtype=torch.int16 if tok.get_vocab_size() < 2**15 else torch.int32)
 
 
-def batches(stream: torch.Tensor, cfg: TrainConfig, gen: torch.Generator):
+def batches(stream: torch.Tensor, seq_len: int, batch_size: int, gen: torch.Generator):
     """Endless random windows [B, T+1] from the stream."""
     while True:
-        starts = torch.randint(0, len(stream) - cfg.seq_len - 1, (cfg.batch_size,), generator=gen)
-        yield torch.stack([stream[s:s + cfg.seq_len + 1] for s in starts.tolist()]).long()
+        starts = torch.randint(0, len(stream) - seq_len - 1, (batch_size,), generator=gen)
+        yield torch.stack([stream[s:s + seq_len + 1] for s in starts.tolist()]).long()
+
+
+def long_batches(streams: list[torch.Tensor], seq_len: int, gen: torch.Generator):
+    """Endless single windows [1, T+1], taken from each stream in turn."""
+    each = [batches(s, seq_len, 1, gen) for s in streams]
+    while True:
+        for data in each:
+            yield next(data)
 
 
 def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
@@ -123,18 +140,17 @@ def _optimizer(model: Transformer, lr: float) -> torch.optim.Optimizer:
                              lr=lr, betas=(0.9, 0.95))
 
 
-def train_lm(model: Transformer, stream: torch.Tensor, cfg: TrainConfig, steps: int,
-             lr: float, gen: torch.Generator, name: str,
+def train_lm(model: Transformer, data, steps: int, lr: float, warmup: int, name: str,
              teacher: Transformer | None = None) -> list[float]:
-    """Cross-entropy training, or forward-KL distillation when a ``teacher`` is given."""
+    """Cross-entropy training on ``data`` (windows [B, T+1]), or forward-KL distillation when a
+    ``teacher`` is given."""
     opt = _optimizer(model, lr)
     model.train()
     losses = []
-    data = batches(stream, cfg, gen)
     t0 = time.time()
     for step in range(steps):
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, steps, lr, cfg.warmup)
+            group["lr"] = lr_at(step, steps, lr, warmup)
         chunk = next(data)
         inputs, targets = chunk[:, :-1], chunk[:, 1:]
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -162,28 +178,45 @@ def train_lm(model: Transformer, stream: torch.Tensor, cfg: TrainConfig, steps: 
     return losses
 
 
+def _eval_windows(stream: torch.Tensor, cfg: TrainConfig, long: bool, seed: int):
+    """The fixed held-out windows: ``eval_batches`` batches of the short shape, or as many
+    single long windows as hold the same number of tokens (at least 2)."""
+    gen = torch.Generator().manual_seed(seed)
+    if not long:
+        return [next(batches(stream, cfg.seq_len, cfg.batch_size, gen))
+                for _ in range(cfg.eval_batches)]
+    n = max(2, cfg.eval_batches * cfg.batch_size * cfg.seq_len // cfg.long_seq_len)
+    return [next(batches(stream, cfg.long_seq_len, 1, gen)) for _ in range(n)]
+
+
 @torch.no_grad()
-def evaluate(model: Transformer, stream: torch.Tensor, cfg: TrainConfig) -> float:
+def evaluate(model: Transformer, stream: torch.Tensor, cfg: TrainConfig,
+             long: bool = False) -> float:
     """Mean held-out next-token cross-entropy (nats/token) on fixed windows."""
-    gen = torch.Generator().manual_seed(1234)
-    data = batches(stream, cfg, gen)
-    total = 0.0
-    for _ in range(cfg.eval_batches):
-        chunk = next(data)
-        logits = model(chunk[:, :-1])
-        total += F.cross_entropy(logits.flatten(0, 1), chunk[:, 1:].flatten()).item()
-    return total / cfg.eval_batches
+    return position_losses(model, stream, cfg, long, parts=1)[0]
+
+
+@torch.no_grad()
+def position_losses(model: Transformer, stream: torch.Tensor, cfg: TrainConfig,
+                    long: bool = False, parts: int = 4) -> list[float]:
+    """Held-out cross-entropy (nats/token) in ``parts`` equal spans of window positions: a model
+    that uses its context has lower loss late in the window than early."""
+    windows = _eval_windows(stream, cfg, long, 1234)
+    totals = torch.zeros(parts)
+    for chunk in windows:
+        losses = F.cross_entropy(model(chunk[:, :-1]).transpose(1, 2), chunk[:, 1:],
+                                 reduction="none")  # [B, T]
+        totals += torch.stack([span.mean() for span in losses.chunk(parts, dim=1)])
+    return (totals / len(windows)).tolist()
 
 
 @torch.no_grad()
 def greedy_agreement(target: Transformer, draft: Transformer, stream: torch.Tensor,
-                     cfg: TrainConfig) -> float:
+                     cfg: TrainConfig, long: bool = False) -> float:
     """Share of held-out positions where draft and target argmax agree (teacher forcing)."""
-    gen = torch.Generator().manual_seed(4321)
-    data = batches(stream, cfg, gen)
     agree = n = 0
-    for _ in range(cfg.eval_batches):
-        inputs = next(data)[:, :-1]
+    for chunk in _eval_windows(stream, cfg, long, 4321):
+        inputs = chunk[:, :-1]
         same = target(inputs).argmax(-1) == draft(inputs).argmax(-1)
         agree += int(same.sum())
         n += same.numel()
@@ -250,26 +283,43 @@ def train_pair(out_dir: Path, cfg: TrainConfig = TrainConfig(), threads: int | N
     train_stream = encode_stream(tok, train_docs)
     held = {dom: encode_stream(tok, [d for d in docs if d.held_out and d.domain == dom])
             for dom in ("code", "prose")}
-    log(f"train stream {len(train_stream) / 1e6:.2f}M tokens; held-out "
-        + ", ".join(f"{k} {len(v) / 1e3:.0f}k" for k, v in held.items()))
+    long_docs = corpus_mod.long_rag_documents(cfg.long_docs, cfg.seed, cfg.held_out_fraction,
+                                              doc_root, cfg.max_files)
+    long_stream = encode_stream(tok, [d for d in long_docs if not d.held_out])
+    held_long = encode_stream(tok, [d for d in long_docs if d.held_out])
+    log(f"train stream {len(train_stream) / 1e6:.2f}M tokens, long RAG "
+        f"{len(long_stream) / 1e6:.2f}M; held-out "
+        + ", ".join(f"{k} {len(v) / 1e3:.0f}k" for k, v in held.items())
+        + f", long {len(held_long) / 1e3:.0f}k")
     target_cfg = replace(cfg.target, vocab_size=tok.get_vocab_size())
     draft_cfg = replace(cfg.draft, vocab_size=tok.get_vocab_size())
 
     gen = torch.Generator().manual_seed(cfg.seed)
     target = init_weights(Transformer(target_cfg))
     t0 = time.time()
-    target_losses = train_lm(target, train_stream, cfg, cfg.target_steps, cfg.lr, gen, "target")
+    target_losses = train_lm(target, batches(train_stream, cfg.seq_len, cfg.batch_size, gen),
+                             cfg.target_steps, cfg.lr, cfg.warmup, "target")
+    long_before = position_losses(target, held_long, cfg, long=True)
+    log(f"target loss by quarter of a {cfg.long_seq_len}-token held-out window before the "
+        f"context extension: {[round(x, 3) for x in long_before]}")
+    long_data = long_batches([train_stream, long_stream], cfg.long_seq_len, gen)
+    train_lm(target, long_data, cfg.long_steps, cfg.long_lr, cfg.warmup // 2, "target-long")
     target_minutes = (time.time() - t0) / 60
     target = _roundtrip(target, torch.float16)
 
     torch.manual_seed(cfg.seed + 1)
     draft = init_weights(Transformer(draft_cfg))
     t0 = time.time()
-    draft_losses = train_lm(draft, train_stream, cfg, cfg.draft_steps, cfg.draft_lr, gen, "draft")
+    draft_losses = train_lm(draft, batches(train_stream, cfg.seq_len, cfg.batch_size, gen),
+                            cfg.draft_steps, cfg.draft_lr, cfg.warmup, "draft")
     agreement_plain = {k: greedy_agreement(target, draft, v, cfg) for k, v in held.items()}
     log(f"draft agreement before distillation: {agreement_plain}")
-    distill_losses = train_lm(draft, train_stream, cfg, cfg.distill_steps, cfg.draft_lr / 2, gen,
-                              "draft-distill", teacher=target)
+    distill_losses = train_lm(draft, batches(train_stream, cfg.seq_len, cfg.batch_size, gen),
+                              cfg.distill_steps, cfg.draft_lr / 2, cfg.warmup, "draft-distill",
+                              teacher=target)
+    long_data = long_batches([train_stream, long_stream], cfg.long_seq_len, gen)
+    train_lm(draft, long_data, cfg.long_distill_steps, cfg.long_lr, cfg.warmup // 2,
+             "draft-distill-long", teacher=target)
     draft_minutes = (time.time() - t0) / 60
     draft = _roundtrip(draft, torch.float16)
 
@@ -285,6 +335,15 @@ def train_pair(out_dir: Path, cfg: TrainConfig = TrainConfig(), threads: int | N
         "greedy_agreement_before_distill": {k: round(v, 4) for k, v in agreement_plain.items()},
         "greedy_agreement": {k: round(greedy_agreement(target, draft, v, cfg), 4)
                              for k, v in held.items()},
+        "long_context": {
+            "window": cfg.long_seq_len,
+            "held_out_tokens": len(held_long),
+            "target_loss_by_quarter_before_extension": [round(x, 4) for x in long_before],
+            "target_loss_by_quarter": [round(x, 4) for x in
+                                       position_losses(target, held_long, cfg, long=True)],
+            "greedy_agreement": round(greedy_agreement(target, draft, held_long, cfg,
+                                                       long=True), 4),
+        },
         "target_final_train_loss": round(sum(target_losses[-20:]) / len(target_losses[-20:]), 4),
         "draft_final_distill_loss": round(sum(distill_losses[-20:]) / len(distill_losses[-20:]), 4),
         "draft_final_train_loss": round(sum(draft_losses[-20:]) / len(draft_losses[-20:]), 4),

@@ -1,7 +1,10 @@
 """End to end: every locustfile against the bundled server (``python -m spectest serve``).
 
-The server is started once on a free loopback port; each locustfile then runs headless for
-about 12 s at 2–3 users. Asserted per run: zero failures, sane latencies, and acceptance
+The server is started once on a free loopback port with no flags (a newcomer's server); each
+locustfile then runs headless for about 12 s at 2–3 users, sending every record as it is — its
+whole prompt and its ``expected_output_tokens`` — so a record that does not fit the default
+context would come back refused (400). Asserted per run: zero failures (so zero context
+refusals), sane latencies, and acceptance
 figures that equal the server's own ``/metrics`` counters — the sum over steps of the
 per-step deltas in ``steps.csv`` equals the counter increase the test scrapes itself before and
 after the run, and equals the sum of the per-response ``spec`` objects.
@@ -24,6 +27,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from spectest.engine.api import model_context_length  # noqa: E402
+from spectest.engine.loader import load_hf_tokenizer  # noqa: E402
+from spectest.loadgen.datasets import load_dataset  # noqa: E402
 from spectest.loadgen.runner import LocustRun, free_port, run_locust  # noqa: E402
 from spectest.loadgen.scrape import ALL, SpecCounters, parse_metrics  # noqa: E402
 
@@ -74,15 +80,40 @@ def counters(url: str) -> dict[str, SpecCounters]:
     return snap.counters
 
 
+SPEC_SLOTS = 9  # the default server's room for drafts: max(--k 4, --k-max 8) + 1
+
+
+@pytest.mark.parametrize("workload", ["chat", "code", "rag"])
+def test_every_bundled_record_fits_the_default_server(workload):
+    """Every record, every turn: the chat-templated prompt (later turns with earlier answers of
+    ``expected_output_tokens`` tokens each) + its output + the draft room fits the default
+    server's context — the model's own, 4,096 positions for the embedded pair."""
+    tok = load_hf_tokenizer(ROOT / "spectest" / "models" / "target")
+    context = model_context_length("embedded")
+    assert context >= 4096
+    longest = 0
+    for record in load_dataset(workload).records:
+        messages = [dict(m) for m in record.messages or ()]
+        grown = 0  # tokens of earlier answers, counted at their worst (full length)
+        for turn in range(1 + len(record.turns)):
+            prompt = len(tok.encode(record.prompt if record.prompt is not None else
+                                    tok.apply_chat_template(messages)))
+            need = prompt + grown + record.expected_output_tokens + SPEC_SLOTS
+            assert need <= context, f"{record.id} turn {turn}: {need} > {context}"
+            longest = max(longest, need)
+            if turn < len(record.turns):
+                grown += record.expected_output_tokens + 8  # the answer and its template
+                messages.append({"role": "user", "content": record.turns[turn]})
+    assert longest > 1024  # the old default context would have refused some
+
+
 @pytest.mark.parametrize("workload", ["chat", "code", "rag", "mixed"])
 def test_locustfile_against_the_bundled_server(server, tmp_path, workload):
     before = counters(server)
     out = tmp_path / "out"
     outcome = run_locust(LocustRun(workload, host=server, results_dir=out, steps=(2, 3),
-                                   step_time_s=6, max_tokens=16, speculative="on",
-                                   stop_timeout_s=60,
-                                   # fit the bundled model's context (RAG prompts run to 7 kB)
-                                   extra_args=("--max-prompt-chars", "2000")), timeout_s=180)
+                                   step_time_s=6, speculative="on", stop_timeout_s=90),
+                         timeout_s=240)
     after = counters(server)
     assert outcome.returncode == 0, outcome.log_path.read_text()[-3000:]
     rows = [json.loads(x) for x in (out / "requests.jsonl").read_text().splitlines()]

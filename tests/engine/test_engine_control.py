@@ -11,6 +11,8 @@ of its context does not overflow the draft cache).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -56,7 +58,9 @@ def _run_with_flips(engine, requests, flips):
 @pytest.mark.parametrize("drafter", ["draft-model", "ngram"])
 def test_greedy_output_is_unchanged_by_flips_mid_request(pair, drafter):
     target, draft = pair
-    reqs = _requests(target.tokenizer, [28, 24, 20, 26])
+    # long enough, and past EOS, that every request is still running at the last flip
+    reqs = [replace(r, params=replace(r.params, ignore_eos=True))
+            for r in _requests(target.tokenizer, [56, 48, 44, 52])]
     base_engine = make_engine(target.model, target.tokenizer, "none", max_num_seqs=4)
     base, _ = _run_with_flips(base_engine, reqs, ())
     engine = make_engine(target.model, target.tokenizer, drafter, draft.model, FixedK(4),

@@ -21,7 +21,7 @@ from gguf.quants import quantize
 from safetensors.torch import load_file
 
 from spectest.engine.gguf_loader import find_smollm2, load_gguf
-from spectest.engine.loader import CheckpointError, load_checkpoint
+from spectest.engine.loader import CheckpointError, load_checkpoint, peek_config
 
 from checkpoint_factory import CHATML, CORPUS, hf_logits
 
@@ -151,6 +151,11 @@ def test_tiny_gguf_matches_the_hf_checkpoint(hf_checkpoints, tmp_path, name, qty
         assert max_diff(ours, hf_logits(theirs, ids)) <= TOL
     assert loaded.model.config.tie_word_embeddings == (name.endswith("tied"))
     assert loaded.name == name
+    # the shape read without the weights (the default context, --quantize auto's count)
+    for source, model in ((path, loaded.model), (hf_dir, load_checkpoint(hf_dir).model)):
+        peeked = peek_config(source)
+        assert peeked.max_position_embeddings == model.config.max_position_embeddings
+        assert peeked.parameter_count == sum(p.numel() for p in model.parameters())
 
 
 def test_unpermuting_q_and_k_matters(hf_checkpoints, tmp_path):
@@ -211,6 +216,9 @@ def smollm2():
 def test_smollm2_answers_a_simple_question(smollm2):
     tok, model = smollm2.tokenizer, smollm2.model
     assert model.config.num_hidden_layers == 30 and model.config.tie_word_embeddings
+    peeked = peek_config(SMOLLM2)
+    assert peeked.parameter_count == sum(p.numel() for p in model.parameters()) > 50e6
+    assert peeked.max_position_embeddings == model.config.max_position_embeddings == 8192
     ids = tok.encode(tok.apply_chat_template(CHAT))
     cache, out = model.new_cache(1, len(ids) + 24), []
     with torch.no_grad():

@@ -116,3 +116,79 @@ def test_request_body_is_the_openai_shape_plus_the_speculative_switch():
                     "speculative": True, "top_k": 4}
     assert "speculative" not in json.loads(build_body("m", prompt="p", max_tokens=5,
                                                       temperature=0, speculative=None))
+
+
+class FramedSSE:
+    """A real aiohttp server on loopback that streams one completion in a given SSE framing:
+    ``lf`` (``data: …\\n\\n``, as vLLM, SGLang, llama-server and spectest write), ``crlf``
+    (``\\r\\n`` line ends, as sse-starlette does), ``fields`` (``event:``/``id:`` lines and
+    ``: ping`` comments inside events) and ``torn-end`` (the last event lacks its blank line).
+    It pauses 0.3 s after the first token event, so a reader that waits for more than one
+    event shows it in TTFT."""
+
+    def __init__(self, framing: str):
+        import asyncio
+        import threading
+
+        from aiohttp import web
+        self.framing, self.web = framing, web
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+
+    def events(self) -> list[bytes]:
+        chunks = [{"id": "cmpl-1", "object": "text_completion", "choices": [
+            {"index": 0, "text": piece, "finish_reason": None}]} for piece in ("a", "b", "c")]
+        chunks.append({"id": "cmpl-1", "choices": [], "usage": {
+            "prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}})
+        nl = b"\r\n" if self.framing == "crlf" else b"\n"
+        out = []
+        for chunk in chunks:
+            head = b"event: message" + nl + b"id: 7" + nl if self.framing == "fields" else b""
+            out.append(head + b"data: " + json.dumps(chunk).encode() + nl + nl)
+            if self.framing == "fields":
+                out.append(b": ping" + nl + nl)
+        if self.framing == "torn-end":  # no [DONE]; the usage event ends the body, torn
+            out[-1] = out[-1][:-1]
+        else:
+            out.append(b"data: [DONE]" + nl + nl)
+        return out
+
+    async def handle(self, request):
+        import asyncio
+        resp = self.web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i, event in enumerate(self.events()):
+            await resp.write(event)
+            await asyncio.sleep(0.3 if i == 0 else 0.01)
+        await resp.write_eof()
+        return resp
+
+    def __enter__(self) -> str:
+        import asyncio
+        app = self.web.Application()
+        app.router.add_post(COMPLETIONS_PATH, self.handle)
+        self.runner = self.web.AppRunner(app)
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self.runner.setup(), self.loop).result(10)
+        site = self.web.TCPSite(self.runner, "127.0.0.1", 0)
+        asyncio.run_coroutine_threadsafe(site.start(), self.loop).result(10)
+        return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+
+    def __exit__(self, *exc) -> None:
+        import asyncio
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+@pytest.mark.parametrize("framing", ["lf", "crlf", "fields", "torn-end"])
+def test_every_sse_framing_gives_the_same_result_and_ttft(events, framing):
+    hook, _ = events
+    body = build_body("m", prompt="x", max_tokens=3, temperature=0.0, speculative=None)
+    with FramedSSE(framing) as url:
+        r = stream_completion(session(url, hook), CompletionRequest(
+            COMPLETIONS_PATH, body, workload="code", record_id="x", keep_text=True))
+    assert r.ok, r.error
+    assert r.text == "abc" and r.chunks == 3 and r.output_tokens == 3
+    assert r.usage_reported and r.prompt_tokens == 3
+    assert r.ttft_s < 0.25 <= r.e2el_s  # the first event was timed when it came, not later

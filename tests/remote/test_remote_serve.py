@@ -15,6 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 import requests
 from draft_servers import MODELS, draft_server, free_port, other_tokenizer_draft
 
+from spectest.engine.gguf_loader import find_smollm2
+from spectest.remote.service import load_draft
 from spectest.sweep.embedded import EmbeddedServer
 from spectest.telemetry import names as N
 
@@ -87,3 +89,23 @@ def test_serve_refuses_another_tokenizer_or_no_draft_server_in_one_line(tmp_path
     with draft_server(tmp_path / "other.log", draft=other_tokenizer_draft(tmp_path)) as url:
         line = refused(url)
     assert "whose tokenizer differs from the target's" in line, line
+
+
+def test_a_draft_server_quantizes_as_its_target_and_names_a_mismatch(tmp_path):
+    """``serve-draft --quantize auto`` gives a bundled draft the weights ``spectest serve``
+    gives it beside its target (int8 beside SmolLM2's 135M parameters, float beside the
+    embedded target's 7M); a target whose draft server differs serves, and says so."""
+    assert load_draft("embedded-draft").model.quantization == "none"
+    if find_smollm2() is not None and (MODELS / "smollm2-draft").is_dir():
+        assert load_draft("smollm2-draft").model.quantization == "int8"
+        assert load_draft("smollm2-draft", "none").model.quantization == "none"
+    draft = draft_server(tmp_path / "draft.log")
+    draft.serve_args += ["--quantize", "int8"]
+    with draft as draft_url:
+        assert requests.get(f"{draft_url}/v1/draft/info", timeout=10).json()[
+            "quantization"] == "int8"
+        with serve(tmp_path / "serve.log", draft_url) as url:
+            status, body = complete(url, "def parse(line):")
+            assert status == 200 and body["spec"]["draft_tokens"] > 0
+    log = (tmp_path / "serve.log").read_text()
+    assert "the draft server's weights are int8, the target's none" in log

@@ -50,11 +50,14 @@ def test_startup_line_names_a_working_url(served):
     proc, _ = served
     line = proc.output.splitlines()[0]
     assert line.startswith("spectest serving 'cli-test' (drafter draft-model, K policy fixed, ")
-    assert "1 torch thread(s), uvloop event loop)" in line  # ServeProcess passes --threads 1
+    # ServeProcess passes --threads 1; no --max-model-len: the model's own context
+    assert ("1 torch thread(s), uvloop event loop, max model len 4096 (the model's context))"
+            in line)
     assert proc.url.startswith("http://127.0.0.1:")
     assert requests.get(proc.url + "/health", timeout=10).json() == {"status": "ok"}
     models = requests.get(proc.url + "/v1/models", headers=AUTH, timeout=10).json()
     assert [m["id"] for m in models["data"]] == ["cli-test"]
+    assert models["data"][0]["max_model_len"] == 4096
     assert requests.get(proc.url + "/v1/models", timeout=10).status_code == 401
 
 

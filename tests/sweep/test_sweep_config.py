@@ -41,7 +41,7 @@ def test_defaults_are_the_embedded_readme_sweep():
     c = cfg()
     assert c.embedded and c.validate_k and c.workloads == ("chat", "code", "rag")
     assert c.steps == (1, 2, 4, 8) and c.arms == ("spec", "base")
-    assert c.slo == C.EMBEDDED_SLO and c.max_prompt_chars == 2000
+    assert c.slo == C.EMBEDDED_SLO and c.max_prompt_chars == 0  # every record fits
     assert c.windows == 3 and c.window_s == pytest.approx(10 / 3)  # warm-up + 3 windows
     assert c.estimated_s() < 12 * 60
     assert "--max-num-seqs" in c.serve_args() and str(c.out) == "spectest-sweep-now"

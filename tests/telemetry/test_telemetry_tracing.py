@@ -21,14 +21,18 @@ import time
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.util import ns_to_iso_str
 from opentelemetry.trace import (NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode,
                                  set_span_in_context)
 
 from spectest.engine.requests import RoundRecord, RowRecord
-from spectest.telemetry.tracing import JsonLinesExporter, RoundTracer, build_tracer_provider
+from spectest.telemetry.tracing import (IsoTime, JsonLinesExporter, RoundTracer,
+                                        build_tracer_provider)
 
 
 def test_tracing_is_off_by_default():
@@ -265,3 +269,16 @@ def test_sampled_out_requests_get_no_round_spans(traced):
     tracer.register("a", sampled_out)
     tracer(record([row("a")]))
     assert exporter.get_finished_spans() == ()
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.one_of(
+    st.integers(min_value=0, max_value=4_102_444_800 * 10**9),  # up to 2100
+    # half a microsecond either side of a rounding edge, and the last instants of a second
+    st.integers(min_value=1_700_000_000, max_value=1_900_000_000).flatmap(
+        lambda sec: st.integers(min_value=-2_000, max_value=2_000).map(
+            lambda d: sec * 10**9 + (999_999_500 if d % 2 else 500) + d))))
+def test_iso_time_is_the_sdk_timestamp(ns):
+    iso = IsoTime()
+    assert iso(ns) == ns_to_iso_str(ns)
+    assert iso(ns + 1_000) == ns_to_iso_str(ns + 1_000)  # the cached second, reused or not
