@@ -67,7 +67,8 @@ out): {f['held_out_tokens']['code']} code and {f['held_out_tokens']['prose']} pr
 
 ## Rebuild
 ```
-spectest train-demo-models --seed {f['seed']} --threads {f['threads']} --out spectest/models   # {f['total_minutes']} min here
+spectest train-demo-models --seed {f['seed']} --threads {f['threads']} --out spectest/models
+# {f['total_minutes']} min here
 python benchmarks/models.py        # sizes, speed, cost ratio c, agreement by domain
 ```
 Same seed and thread count → the same tokenizer and closely matching losses
