@@ -21,6 +21,7 @@ from spectest.engine.engine import EngineConfig, SpecEngine
 from spectest.engine.gguf_loader import find_smollm2
 from spectest.engine.int8 import quantize_int8, should_quantize
 from spectest.engine.loader import CheckpointError, LoadedModel, load_checkpoint, peek_config
+from spectest.engine.model import restrict_head
 from spectest.engine.policies import KPolicy, make_policy
 from spectest.engine.requests import GenerationRequest, RequestOutput, RequestStats
 from spectest.engine.sampling import SamplingParams
@@ -89,6 +90,16 @@ def make_drafter(kind: str, draft: LoadedModel | None, n_slots: int, max_len: in
     raise ValueError(f"unknown drafter {kind!r} (choose from {', '.join(DRAFTERS)})")
 
 
+def prepare_draft(draft: LoadedModel, int8: bool) -> LoadedModel:
+    """A draft as the engine drafts with it: its head cut to the tokens of its
+    ``head_tokens.json`` when it has one (``model.restrict_head``), then int8 if asked."""
+    if draft.head_token_ids is not None:
+        restrict_head(draft.model, draft.head_token_ids)
+    if int8:
+        quantize_int8(draft.model)
+    return draft
+
+
 def build_engine(target: str | Path = "embedded", draft: str | Path | None = "auto",
                  drafter: str = "draft-model", policy: KPolicy | None = None,
                  max_num_seqs: int = 8, max_model_len: int | None = None,
@@ -117,9 +128,7 @@ def build_engine(target: str | Path = "embedded", draft: str | Path | None = "au
     if drafter == "draft-model" and drafter_instance is None:
         if draft in (None, "auto"):
             draft = companion_draft(target)
-        draft_model = load_checkpoint(resolve_model_path(draft))
-        if int8:
-            quantize_int8(draft_model.model)
+        draft_model = prepare_draft(load_checkpoint(resolve_model_path(draft)), int8)
         t_vocab = target_model.model.config.vocab_size
         if draft_model.model.config.vocab_size != t_vocab or \
                 draft_model.tokenizer.backend.get_vocab() != \

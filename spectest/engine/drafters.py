@@ -127,26 +127,43 @@ class NGramDrafter:
 
 
 class DraftModelDrafter:
-    """A small model sharing the target's tokenizer, with its own per-slot KV cache."""
+    """A small model sharing the target's tokenizer, with its own per-slot KV cache.
+
+    A model whose head was cut to its most frequent tokens (``model.restrict_head``) drafts
+    over those only: its logits are [B, T, N], ``model.head_ids`` maps them back to token ids,
+    and a sampled row's distribution is 0 outside them (rejection sampling stays exact)."""
 
     name = "draft-model"
 
     def __init__(self, model: Transformer, n_slots: int, max_len: int):
         self.model = model
         self.cache = model.new_cache(n_slots, max_len)
+        self.vocab_size = model.config.vocab_size
+        self.head_ids = model.head_ids  # [N] or None (the whole vocabulary)
 
     def admit(self, slot: int, prompt: list[int]) -> None:
         self.cache.reset(slot)
-        if len(prompt) > 1:  # everything but the last token, like the target
+        if prompt:  # the whole prompt in one call, as the target prefills it: a model
+            # drafting for itself then holds the target's keys bit for bit (row-exact int8)
             with torch.inference_mode():
-                self.model(torch.tensor([prompt[:-1]]), self.cache, torch.tensor([slot]),
-                           last_only=True)
+                self.model(torch.tensor([prompt]), self.cache, torch.tensor([slot]),
+                           last_only=True, hidden_only=True)
 
     def release(self, slot: int) -> None:
         self.cache.reset(slot)
 
     def rewind(self, slot: int, n_valid: int) -> None:
         self.cache.lengths[slot] = min(int(self.cache.lengths[slot]), n_valid)
+
+    def _token_ids(self, columns: torch.Tensor) -> torch.Tensor:
+        return columns if self.head_ids is None else self.head_ids[columns]
+
+    def _full_vocab(self, probs: torch.Tensor) -> torch.Tensor:
+        """[b, N] over the head's tokens → [b, V] (0 for the tokens outside it)."""
+        if self.head_ids is None:
+            return probs
+        return probs.new_zeros(probs.shape[0], self.vocab_size).index_copy_(1, self.head_ids,
+                                                                              probs)
 
     @torch.inference_mode()
     def propose(self, rows: list[DraftRow], stop: StopRule | None = None) -> Proposal:
@@ -160,8 +177,9 @@ class DraftModelDrafter:
         top_p = torch.tensor([r.top_p for r in rows])
         greedy = torch.tensor([r.greedy for r in rows])
         any_sampled = not bool(greedy.all())
+        need_probs = any_sampled or stop is not None
         tokens = torch.zeros(B, K, dtype=torch.long)
-        probs = torch.zeros(B, K, self.model.config.vocab_size) if any_sampled else None
+        probs = torch.zeros(B, K, self.vocab_size) if any_sampled else None
         lens = torch.zeros(B, dtype=torch.long)
 
         # A row that has not drafted for a while (speculation switched off, K = 0 rounds, no
@@ -169,9 +187,11 @@ class DraftModelDrafter:
         # that one long row neither widens nor overflows everyone's step-0 forward.
         for r in rows:
             seen = int(self.cache.lengths[r.slot])
+            if seen >= len(r.tokens):  # admitted with every token: recompute the last one
+                self.cache.lengths[r.slot] = seen = len(r.tokens) - 1
             if len(r.tokens) - seen > 2:
                 self.model(torch.tensor([r.tokens[seen:-1]]), self.cache,
-                           torch.tensor([r.slot]), last_only=True)
+                           torch.tensor([r.slot]), last_only=True, hidden_only=True)
         # Step 0 feeds every committed token this cache has not seen (usually 1, or 2 after a
         # fully accepted round), right-padded; logits are read at each row's last real token.
         pending = [r.tokens[int(self.cache.lengths[r.slot]):] for r in rows]
@@ -181,28 +201,31 @@ class DraftModelDrafter:
             feed[i, :len(p)] = torch.tensor(p)
         start = self.cache.lengths[slots].clone()
         n_pending = torch.tensor([len(p) for p in pending])
-        logits = self.model(feed, self.cache, slots)  # [B, width, V]
+        logits = self.model(feed, self.cache, slots)  # [B, width, N]
         self.cache.lengths[slots] = start + n_pending
-        logits = logits[torch.arange(B), n_pending - 1]  # [B, V]
+        logits = logits[torch.arange(B), n_pending - 1]  # [B, N]
 
         active = torch.arange(B)  # rows still drafting
         for step in range(K):
-            step_probs = probs_from_logits(logits[:, None], temperature[active], top_k[active],
-                                           top_p[active])[:, 0]  # [b, V]
-            if stop is not None and stop(step_probs.max(dim=-1).values):
-                break
-            pick = logits.argmax(dim=-1)  # [b]
+            step_probs = None
+            if need_probs:
+                step_probs = probs_from_logits(logits[:, None], temperature[active],
+                                               top_k[active], top_p[active])[:, 0]  # [b, N]
+                if stop is not None and stop(step_probs.max(dim=-1).values):
+                    break
+            pick = logits.argmax(dim=-1)  # [b] columns of the head
             sampled = ~greedy[active]
             if bool(sampled.any()):
                 u = torch.stack([rows[int(i)].uniforms[step] for i in active[sampled]])
                 pick[sampled] = sample_from(step_probs[sampled], u)
+            pick = self._token_ids(pick)  # [b] token ids
             tokens[active, step] = pick
             if probs is not None:
-                probs[active, step] = step_probs
+                probs[active, step] = self._full_vocab(step_probs)
             lens[active] += 1
             still = torch.tensor([rows[int(i)].k > step + 1 for i in active], dtype=torch.bool)
             if step == K - 1 or not bool(still.any()):
                 break
             active, pick = active[still], pick[still]
-            logits = self.model(pick[:, None], self.cache, slots[active])[:, -1]  # [b, V]
+            logits = self.model(pick[:, None], self.cache, slots[active])[:, -1]  # [b, N]
         return Proposal(tokens, lens, probs)

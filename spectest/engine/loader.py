@@ -26,6 +26,9 @@ from spectest.engine.model import SUPPORTED_ARCHITECTURES, ModelConfig, Transfor
 from spectest.engine.tokenizer import Tokenizer
 
 INDEX_FILE = "model.safetensors.index.json"
+# spectest's own, optional: the token ids a draft's head drafts over (its most frequent answer
+# tokens); the others get draft probability 0. Other loaders (transformers, llama.cpp) ignore it.
+HEAD_TOKENS_FILE = "head_tokens.json"
 # Non-parameter tensors some exporters write; they carry nothing the model needs.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -39,6 +42,7 @@ class LoadedModel:
     model: Transformer  # eval mode, no grad
     tokenizer: Tokenizer
     name: str
+    head_token_ids: tuple[int, ...] | None = None  # HEAD_TOKENS_FILE, when the checkpoint has one
 
 
 def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32) -> LoadedModel:
@@ -59,7 +63,13 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32) -> Loa
         raise CheckpointError(f"{path}: tokenizer.json has {tokenizer.vocab_size} tokens but "
                               f"config.json's vocab_size is {cfg.vocab_size}")
     model = build_model(cfg, _read_safetensors(path), dtype, path)
-    return LoadedModel(model=model, tokenizer=tokenizer, name=path.name)
+    head = _read_json(path / HEAD_TOKENS_FILE, required=False).get("token_ids")
+    if head is not None and not (head and all(
+            isinstance(i, int) and 0 <= i < cfg.vocab_size for i in head)):
+        raise CheckpointError(f"{path / HEAD_TOKENS_FILE}: token_ids must be a non-empty list "
+                              f"of ids below the vocabulary size {cfg.vocab_size}")
+    return LoadedModel(model=model, tokenizer=tokenizer, name=path.name,
+                       head_token_ids=tuple(head) if head is not None else None)
 
 
 def peek_config(path: str | Path) -> ModelConfig:

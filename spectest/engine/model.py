@@ -193,7 +193,7 @@ class RowSpans:
     greedy choice; with this every decode query computes what a one-token step of its row
     computes, bit for bit. A row that starts at position 0 (a prefill) attends in one causal
     call of its own — the same call whichever batch it is in, so the target's prompt KV is the
-    same in every arm; a draft that prefills one token fewer computes it differently.
+    same in every arm (a draft model prefills the whole prompt the same way).
     """
     counts: tuple[tuple[int, ...], ...]  # [B][T]: keys each query sees (its position + 1)
 
@@ -258,6 +258,7 @@ class Transformer(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        self.register_buffer("head_ids", None, persistent=False)  # [N]: restrict_head
         self._rope_len = 0  # cos/sin tables cover positions [0, _rope_len)
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -324,6 +325,21 @@ class Transformer(nn.Module):
             x = x[:, -1:]
         x = self.norm(x)
         return x if hidden_only else self.lm_head(x)
+
+
+def restrict_head(model: Transformer, token_ids: tuple[int, ...]) -> Transformer:
+    """Keep only ``token_ids`` [N] rows of ``model``'s LM head (in place; returns the model):
+    its logits then come back over those N tokens, in that order ([B, T, N]), and
+    ``model.head_ids`` [N] maps a column to its token id. For a draft whose vocabulary-wide
+    head is most of its cost; tokens outside get draft probability 0, which rejection
+    sampling allows (a draft never proposes them). Call before ``engine.int8.quantize_int8``."""
+    ids = torch.tensor(sorted(set(token_ids)), dtype=torch.long)
+    head = nn.Linear(model.config.hidden_size, len(ids), bias=False)
+    with torch.no_grad():
+        head.weight.copy_(model.lm_head.weight[ids])
+    model.lm_head = head.requires_grad_(False)
+    model.head_ids = ids
+    return model
 
 
 def _no_cache(k, v):

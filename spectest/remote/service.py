@@ -36,9 +36,9 @@ import torch
 from aiohttp import web
 from pydantic import ValidationError
 
-from spectest.engine.api import companion_target, resolve_model_path
+from spectest.engine.api import companion_target, prepare_draft, resolve_model_path
 from spectest.engine.drafters import DraftModelDrafter, DraftRow
-from spectest.engine.int8 import QUANTIZE_CHOICES, quantize_int8, should_quantize
+from spectest.engine.int8 import QUANTIZE_CHOICES, should_quantize
 from spectest.engine.loader import LoadedModel, load_checkpoint, peek_config
 from spectest.engine.policies import ConfidenceStop
 from spectest.remote import wire
@@ -234,9 +234,7 @@ def load_draft(draft: str, quantize: str = "auto") -> LoadedModel:
     loaded = load_checkpoint(resolve_model_path(draft))
     target = companion_target(draft)
     target_params = peek_config(resolve_model_path(target)).parameter_count if target else None
-    if should_quantize(quantize, loaded.model, target_params):
-        quantize_int8(loaded.model)
-    return loaded
+    return prepare_draft(loaded, should_quantize(quantize, loaded.model, target_params))
 
 
 def main(args) -> int:

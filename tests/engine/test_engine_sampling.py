@@ -100,3 +100,26 @@ def test_each_fault_is_detected(models, fault):
     sequences = _sample(models, frozenset({fault}))
     p = min(_pooled_pvalue(models[0], sequences, 1), _pooled_pvalue(models[0], sequences, 2))
     assert p < ALPHA, f"{fault} not detected (p = {p:.3g})"
+
+
+def test_a_draft_head_cut_to_some_tokens_keeps_sampling_exact(models):
+    """A draft that drafts over 4 of the 8 tokens (``restrict_head``): it never proposes the
+    others, gives them probability 0, and the output still follows the target's distribution
+    (same pooled G-test, alpha = 1e-3)."""
+    import copy
+
+    from spectest.engine.drafters import DraftModelDrafter, DraftRow
+    from spectest.engine.model import restrict_head
+    target, draft, tok = models
+    cut = restrict_head(copy.deepcopy(draft), (0, 2, 3, 5))
+    drafter = DraftModelDrafter(cut, n_slots=1, max_len=16)
+    drafter.admit(0, list(PROMPT))
+    proposal = drafter.propose([DraftRow(0, list(PROMPT), 3, False, TEMPERATURE, 0, TOP_P,
+                                         torch.rand(3))])
+    assert set(proposal.tokens[0].tolist()) <= {0, 2, 3, 5}
+    assert proposal.probs.shape == (1, 3, V)
+    assert float(proposal.probs[0][:, [1, 4, 6, 7]].abs().sum()) == 0.0
+    assert torch.allclose(proposal.probs.sum(-1), torch.ones(1, 3))
+    sequences = _sample((target, cut, tok))
+    assert _pooled_pvalue(target, sequences, 1) > ALPHA
+    assert _pooled_pvalue(target, sequences, 2) > ALPHA

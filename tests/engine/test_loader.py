@@ -187,3 +187,23 @@ def test_paths_that_are_not_checkpoints(tmp_path):
     (tmp_path / "file.txt").write_text("x")
     assert "expected a Hugging Face checkpoint directory" in error_of(tmp_path / "file.txt")
     assert "no such GGUF file" in error_of(tmp_path / "missing.gguf")
+
+
+def test_head_tokens_file_cuts_a_drafts_head(good):
+    """``head_tokens.json`` (spectest's own): the draft's head keeps those rows, its logits
+    equal the full head's at those columns, and a bad file is one clear error."""
+    from spectest.engine.api import prepare_draft
+    full = load_checkpoint(good)
+    assert full.head_token_ids is None
+    (good / "head_tokens.json").write_text(json.dumps({"token_ids": [5, 1, 7, 3]}))
+    loaded = load_checkpoint(good)
+    assert loaded.head_token_ids == (5, 1, 7, 3)
+    cut = prepare_draft(loaded, int8=False).model
+    assert cut.head_ids.tolist() == [1, 3, 5, 7]
+    ids = torch.tensor([[2, 4, 6, 8]])
+    with torch.no_grad():
+        assert torch.allclose(cut(ids), full.model(ids)[..., [1, 3, 5, 7]], atol=1e-5)
+    for bad in ({"token_ids": []}, {"token_ids": [1, 10 ** 9]}, {"token_ids": ["a"]}):
+        (good / "head_tokens.json").write_text(json.dumps(bad))
+        with pytest.raises(CheckpointError, match="head_tokens.json"):
+            load_checkpoint(good)

@@ -70,10 +70,15 @@ def test_quick_recipe_writes_a_draft_that_every_consumer_loads(tmp_path):
     names = {p.name for p in out.iterdir()}
     assert names >= {"config.json", "model.safetensors", "tokenizer.json",
                      "tokenizer_config.json", "generation_config.json", "smollm2-draft.gguf",
-                     "README.md", "training_figures.json"}
+                     "README.md", "training_figures.json", "head_tokens.json"}
     assert not (tmp_path / "draft.tmp").exists()
     assert set(figures["heldout_agreement"]) == {"chat", "code", "rag"}
-    assert figures["train_prompts"] == 8 and cache.is_file()
+    # 2 records of each workload, 2 corpus prompts, 2 + 1 + 1 + 1 extra prompts
+    assert figures["train_prompts"] == 13 and cache.is_file()
+    assert set(figures["train_sources"]) == {"chat", "code", "rag", "corpus-code", "qa",
+                                             "passages", "open", "code-task"}
+    head = json.loads((out / "head_tokens.json").read_text())["token_ids"]
+    assert figures["head_tokens"] == len(head) and 2 in head  # SmolLM2's <|im_end|>
     card = (out / "README.md").read_text()
     assert "| rag |" in card and "spectest train-draft --seed 0" in card
     assert json.loads((out / "training_figures.json").read_text())["vocab_size"] == 49152
@@ -91,6 +96,7 @@ def test_quick_recipe_writes_a_draft_that_every_consumer_loads(tmp_path):
     # the engine accepts it as SmolLM2's draft (same tokenizer), int8 like the target
     engine = build_engine("smollm2", draft=str(out), max_num_seqs=1, max_model_len=128)
     assert engine.drafter.model.quantization == "int8"
+    assert engine.drafter.head_ids.tolist() == head  # it drafts over the head's tokens
 
     # the cached answers are reused: same data, no generation
     again = distill.train_smollm2_draft(tmp_path / "again", distill.DraftRecipe.quick(), cache,
