@@ -1,12 +1,13 @@
 """A gevent-friendly streaming OpenAI client that times every chunk of one completion.
 
 It rides on Locust's ``FastHttpSession`` (geventhttpclient): one request, ``stream=True``,
-and the SSE body read with ``resp.stream.readline(sep)`` — the read that hands each event to
-the client as soon as it arrives (``iter_lines()`` reads 1 KiB blocks and adds ~95 ms to TTFT,
-``readline()``'s default ``b"\\r\\n"`` waits for the whole body; see shared/REFERENCE.md).
-``sep`` is ``b"\\n"`` for the first line and, where the server ends lines with a bare LF (vLLM,
-SGLang, llama-server and spectest write ``data: …\\n\\n``), ``b"\\n\\n"`` after it: one read per
-event instead of one per line.
+and the SSE body read with ``resp.stream.readline(b"\\n")`` — the read that hands data to the
+client as soon as a line arrives (``iter_lines()`` reads 1 KiB blocks and adds ~95 ms to TTFT,
+``readline()``'s default ``b"\\r\\n"`` waits for the whole body; see shared/REFERENCE.md) — plus
+every further complete line the same socket read already buffered (:func:`_lines`): one call per
+read from the socket, not one per event, which was the largest per-event cost left in the
+Locust user (a response's 64 events came in about 4 reads). Lines that arrive in one read get
+one arrival time: the client could not have seen them apart.
 The stream is read to EOF, not abandoned at ``[DONE]``, so the keep-alive connection is reused.
 
 Servers close kept-alive connections (llama-server after every streamed response, although it
@@ -44,6 +45,7 @@ from locust.contrib.fasthttp import FastHttpSession
 from spectest.flavours import response_stats
 
 CHAT_PATH = "/v1/chat/completions"
+_DECODER = json.JSONDecoder()
 COMPLETIONS_PATH = "/v1/completions"
 
 
@@ -181,34 +183,53 @@ def _http_error(resp, status: int, error: Exception | None) -> str:
     return f"HTTP {status}: {text}" if text else f"HTTP {status}"
 
 
+def _lines(stream):
+    """Yield the body as blocks of whole lines, each as soon as it is in: ``readline`` blocks
+    until one line is there, then the complete lines that read also buffered come with it
+    (geventhttpclient keeps them in ``_body_buffer``; without that attribute, one line a
+    call). At the end, a last line that lacks its newline."""
+    readline, rest = stream.readline, stream.read
+    buffered = getattr(stream, "_body_buffer", None)
+    if not isinstance(buffered, bytearray):
+        buffered = None
+    while True:
+        block = readline(b"\n")
+        if not block:
+            block = rest()
+            if block:
+                yield block
+            return
+        if buffered:
+            end = buffered.rfind(b"\n") + 1
+            if end:
+                block += buffered[:end]
+                del buffered[:end]
+        yield block
+
+
 def _read_stream(stream, t0: float, keep_text: bool, base: dict) -> StreamResult:
     """Read SSE events to EOF. A stream that breaks midway (connection dropped, a torn event)
     gives a failed result that keeps what arrived: its TTFT, chunks and tokens so far."""
-    readline, rest = stream.readline, stream.read
-    loads = json.loads
+    decode = _DECODER.raw_decode  # json.loads without its two whitespace scans and wrappers
     perf = time.perf_counter
     times: list[float] = []
     pieces: list[str] = []
     usage = spec = None
     response_id = ""
     error = ""
-    sep = b"\n"  # the first line; then whole events where the server ends lines with LF
     try:
-        while True:
-            block = readline(sep) or rest()  # rest: a last event that lacks its blank line
-            if not block:
-                break
+        for block in _lines(stream):
             now = perf()
-            if sep == b"\n" and block.startswith(b"data:") and not block.endswith(b"\r\n"):
-                sep = b"\n\n"  # one read per event, not two (halves the client's read cost)
-            one_line = block.count(b"\n") <= (2 if block.endswith(b"\n\n") else 1)
-            for line in (block,) if one_line else block.split(b"\n"):
+            for line in block.split(b"\n"):
                 if not line.startswith(b"data:"):
                     continue  # the blank line, comments (": ping"), event:/id: fields
-                data = line[5:].strip()
+                data = line[5:].strip()  # also the \r of a CRLF line
                 if data == b"[DONE]" or not data:
                     continue
-                event = loads(data.decode())  # str: json skips sniffing the byte encoding
+                text = data.decode()  # str: json skips sniffing the byte encoding
+                event, end = decode(text)  # data is stripped: nothing may follow the value
+                if end != len(text):
+                    raise ValueError(f"extra data after the JSON value at {end}")
                 if "error" in event and event["error"]:
                     err = event["error"]
                     error = ("stream error: "
@@ -218,9 +239,10 @@ def _read_stream(stream, t0: float, keep_text: bool, base: dict) -> StreamResult
                     response_id = event.get("id", "")
                 if event.get("usage"):
                     usage = event["usage"]
-                stats = response_stats(event)  # spectest's `spec`, llama.cpp's `timings`
-                if stats is not None:
-                    spec = {**(event.get("spec") or {}), **stats.as_spec()}
+                if b'"spec"' in data or b'"timings"' in data:  # most events carry neither
+                    stats = response_stats(event)  # spectest's `spec`, llama.cpp's `timings`
+                    if stats is not None:
+                        spec = {**(event.get("spec") or {}), **stats.as_spec()}
                 for choice in event.get("choices") or ():
                     src = choice.get("delta") or choice  # chat delta, or the completions choice
                     text = (src.get("content") or src.get("text")

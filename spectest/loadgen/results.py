@@ -53,8 +53,8 @@ One run writes one folder (``--results-dir``; a new test start truncates it):
     mean_accepted_length   1 + Δaccepted / Δdrafts (SGLang: its gauge at the step's end)
     client_acceptance_rate, client_mean_accepted_length
                            the same figures summed from the per-response ``spec`` objects
-    client_cpu             the busiest load-generating process's mean CPU share (1.0 = one
-                           core) over the step's requests
+    client_cpu             the busiest load-generating process's mean share of a core it ran
+                           or waited to run (1.0 = one core) over the step's requests
     client_saturated       client_cpu ≥ 0.85: the client, not the server, may set the latency
     acceptance_pos_0 …     Δaccepted at draft position i / Δdrafts; as many columns as the
                            largest draft position seen in the run (always last)
@@ -108,7 +108,8 @@ def request_row(r: StreamResult, *, worker: str, speculative: str, slo_ok: bool,
             "record_id": r.record_id, "turn": r.turn, "ok": r.ok, "status": r.status,
             "error": r.error, "response_id": r.response_id, "trace_id": r.trace_id,
             "ttft_ms": ms(r.ttft_s), "tpot_ms": ms(r.tpot_s), "e2el_ms": ms(r.e2el_s),
-            "itl_ms": [round(x * 1e3, 3) for x in r.itl_s], "chunks": r.chunks,
+            "itl_ms": np.round(np.multiply(r.itl_s, 1e3), 3).tolist() if r.itl_s else [],
+            "chunks": r.chunks,
             "output_tokens": r.output_tokens, "prompt_tokens": r.prompt_tokens,
             "tokens_per_chunk": r.tokens_per_chunk, "usage_reported": r.usage_reported,
             "spec": r.spec, "speculative": speculative, "schedule_lag_ms": ms(schedule_lag_s),

@@ -122,7 +122,9 @@ class FramedSSE:
     """A real aiohttp server on loopback that streams one completion in a given SSE framing:
     ``lf`` (``data: …\\n\\n``, as vLLM, SGLang, llama-server and spectest write), ``crlf``
     (``\\r\\n`` line ends, as sse-starlette does), ``fields`` (``event:``/``id:`` lines and
-    ``: ping`` comments inside events) and ``torn-end`` (the last event lacks its blank line).
+    ``: ping`` comments inside events), ``torn-end`` (the last event lacks its blank line),
+    ``split`` (every event written in two halves, cut inside its JSON, so a line spans two socket
+    reads) and ``burst`` (every event after the first in one write: several events per read).
     It pauses 0.3 s after the first token event, so a reader that waits for more than one
     event shows it in TTFT."""
 
@@ -157,7 +159,14 @@ class FramedSSE:
         import asyncio
         resp = self.web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        for i, event in enumerate(self.events()):
+        events = self.events()
+        if self.framing == "burst":
+            events = events[:1] + [b"".join(events[1:])]
+        for i, event in enumerate(events):
+            if self.framing == "split":
+                await resp.write(event[:len(event) // 2])
+                await asyncio.sleep(0.01)
+                event = event[len(event) // 2:]
             await resp.write(event)
             await asyncio.sleep(0.3 if i == 0 else 0.01)
         await resp.write_eof()
@@ -181,7 +190,7 @@ class FramedSSE:
         self.thread.join(5)
 
 
-@pytest.mark.parametrize("framing", ["lf", "crlf", "fields", "torn-end"])
+@pytest.mark.parametrize("framing", ["lf", "crlf", "fields", "torn-end", "split", "burst"])
 def test_every_sse_framing_gives_the_same_result_and_ttft(events, framing):
     hook, _ = events
     body = build_body("m", prompt="x", max_tokens=3, temperature=0.0, speculative=None)

@@ -8,6 +8,8 @@ the summary line, and the sweep's summary of the same folder must carry it to th
 
 from __future__ import annotations
 
+import time
+
 import pandas as pd
 import pytest
 
@@ -56,3 +58,11 @@ def test_meter_and_busiest_process():
     assert meter.fraction() == pytest.approx(0.8)
     assert cpu.busiest([("a", 0.2), ("a", 0.4), ("b", 0.9), ("b", None)]) == pytest.approx(0.9)
     assert cpu.busiest([]) is None and cpu.busiest([("a", None)]) is None
+
+
+def test_core_demand_counts_time_on_the_core():
+    before, t0 = cpu.core_demand_seconds(), time.monotonic()
+    while time.monotonic() - t0 < 0.3:  # busy: on the core or waiting for it all along
+        pass
+    spent = cpu.core_demand_seconds() - before
+    assert 0.25 <= spent <= time.monotonic() - t0 + 0.05
