@@ -67,6 +67,8 @@ class Flavour:
     sampling_order: str = "temperature-first"
     sampling_overrides: Mapping[str, object] = field(default_factory=dict)
     no_prefix_cache: Mapping[str, object] = field(default_factory=dict)  # fields: recompute all
+    # (path, JSON key) of how many requests the server runs at once; more only queue there
+    parallel_probe: tuple[str, str] = ()
 
     def sample(self, spec: N.MetricSpec) -> str | None:
         """The scraped sample name of ``spec`` on this server (None: it has no such metric)."""
@@ -130,6 +132,7 @@ LLAMACPP = Flavour(
     echo_scoring=False,
     refused_fields=("echo", "best_of", "suffix"),
     sampling_order="temperature-last", no_prefix_cache={"cache_prompt": False},
+    parallel_probe=("/props", "total_slots"),  # -np
     sampling_overrides={"min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0,
                         "presence_penalty": 0.0, "frequency_penalty": 0.0,
                         "dry_multiplier": 0.0, "xtc_probability": 0.0, "top_n_sigma": -1.0},

@@ -65,7 +65,7 @@ class Client:
         self.base = endpoint.url.rstrip("/")
         self.base = self.base.removesuffix("/v1")
         self.model = endpoint.model
-        self._sem = asyncio.Semaphore(concurrency)
+        self._sem, self.concurrency = asyncio.Semaphore(concurrency), concurrency
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=10)
         self._retries = retries
         self._session: aiohttp.ClientSession | None = None
@@ -140,6 +140,26 @@ class Client:
                 return await resp.text() if resp.status == 200 else None
         except (aiohttp.ClientError, TimeoutError):
             return None
+
+    async def fit_to_server(self) -> int | None:
+        """Cap the requests in flight at what the server runs at once, where its flavour says how
+        to read that (llama.cpp: ``/props`` → ``total_slots``, its ``-np``): more only wait in
+        its queue, and the wait counts against the per-request timeout — a slow speculative
+        server with 2 slots and 8 requests in flight timed out. Call before any request is
+        in flight; returns the new cap, or None where nothing changed."""
+        flavour = self.routes.flavour
+        if flavour is None or not flavour.parallel_probe:
+            return None
+        path, key = flavour.parallel_probe
+        try:
+            slots = (await self.call("GET", path)).get(key)
+        except AuditError:
+            return None
+        if not isinstance(slots, int) or isinstance(slots, bool) or \
+                not 1 <= slots < self.concurrency:
+            return None
+        self._sem, self.concurrency = asyncio.Semaphore(slots), slots
+        return slots
 
     # --- API ---------------------------------------------------------------------------------
     async def models(self) -> list[dict]:

@@ -138,6 +138,12 @@ async def _collect(s: AuditSettings, cand_ep: Endpoint, base_ep: Endpoint,
         ids = await scoring.probe(base, listed[1], s.scoring, s.prompt_format)
         await scoring.probe(cand, listed[0], s.scoring, s.prompt_format, probe_ids=ids)
         for c in (cand, base):
+            slots = await c.fit_to_server()
+            if slots is not None:
+                result.notes.append(f"the {c.role} ({c.routes.name}) runs {slots} request(s) at "
+                                    f"once: {slots} in flight to it, not --concurrency "
+                                    f"{s.concurrency} (queued requests would wait out the "
+                                    f"{s.timeout:g} s timeout)")
             result.endpoints[c.role]["model"] = c.model
             result.endpoints[c.role]["server"] = c.routes.name
             result.endpoints[c.role]["routes"] = _describe(c.routes)

@@ -155,3 +155,17 @@ def test_scoring_survives_a_token_that_ends_inside_a_character(llama_pair):
     # lining up with the tokens after it, and the auditor keeps only the aligned ones
     assert run.left_out > 0 and len(run.tokens) + run.left_out == 8
     assert [c.tokens[0] for c, _ in after] == list(run.tokens)
+
+
+def test_requests_in_flight_are_capped_at_the_servers_slots(llama_pair):
+    """llama-server runs ``-np`` requests at once (2 here); the auditor reads that from /props
+    and sends no more, so queueing there never counts against its per-request timeout."""
+    spec_url, _ = llama_pair
+
+    async def fit(routes):
+        async with Client(Endpoint("candidate", spec_url, "smollm2"), concurrency=8) as client:
+            client.routes = routes
+            return await client.fit_to_server(), client.concurrency
+
+    assert asyncio.run(fit(Routes(LLAMACPP, echo=False))) == (2, 2)
+    assert asyncio.run(fit(Routes(None))) == (None, 8)  # no way to ask: left as configured
