@@ -45,8 +45,8 @@ from locust.contrib.fasthttp import FastHttpSession
 from spectest.flavours import response_stats
 
 CHAT_PATH = "/v1/chat/completions"
-_DECODER = json.JSONDecoder()
 COMPLETIONS_PATH = "/v1/completions"
+_DECODER = json.JSONDecoder()
 
 
 @dataclass(frozen=True)
@@ -226,9 +226,9 @@ def _read_stream(stream, t0: float, keep_text: bool, base: dict) -> StreamResult
                 data = line[5:].strip()  # also the \r of a CRLF line
                 if data == b"[DONE]" or not data:
                     continue
-                text = data.decode()  # str: json skips sniffing the byte encoding
-                event, end = decode(text)  # data is stripped: nothing may follow the value
-                if end != len(text):
+                raw = data.decode()  # str: json skips sniffing the byte encoding
+                event, end = decode(raw)  # data is stripped: nothing may follow the value
+                if end != len(raw):
                     raise ValueError(f"extra data after the JSON value at {end}")
                 if "error" in event and event["error"]:
                     err = event["error"]
