@@ -47,21 +47,34 @@ def render(record: Record) -> str:
 
 
 async def tokenize(records: list[Record], client: Client, max_tokens: int) -> list[PromptCase]:
-    """Token ids per record (head-truncated to ``max_tokens``); empty prompts are refused."""
+    """Token ids per record (at most ``max_tokens``, cut where a character ends); empty prompts
+    are refused."""
     # Cut long texts before tokenizing, so that a long RAG prompt never exceeds the server's
     # context; >= 1 character per token holds for byte-level BPE, ~4 is typical.
     texts = [render(r)[:4 * max_tokens] for r in records]
     empty = [r.id for r, t in zip(records, texts) if not t.strip()]
     if empty:
         raise AuditError(f"prompt set: record {empty[0]!r} has an empty prompt")
-    ids = await asyncio.gather(*(scoring.tokenize(client, t) for t in texts))
+    limit = max_tokens if client.routes.token_ids else None  # text is sent whole: keep it
+    ids = await asyncio.gather(*(_head(client, t, limit) for t in texts))
     cases = []
     for record, text, toks in zip(records, texts, ids):
         if not toks:
             raise AuditError(f"prompt set: record {record.id!r} tokenizes to zero tokens")
-        if not client.routes.token_ids:  # text is what gets sent: keep it whole
-            cases.append(PromptCase(record.id, record.category, tuple(toks), text))
-        else:
-            cases.append(PromptCase(record.id, record.category, tuple(toks[:max_tokens]),
-                                    text))
+        cases.append(PromptCase(record.id, record.category, tuple(toks), text))
     return cases
+
+
+async def _head(client: Client, text: str, max_tokens: int | None) -> list[int]:
+    """The ids of the longest head of ``text`` found (by shrinking) to fit ``max_tokens``.
+
+    The text is cut, not the ids: the first ``max_tokens`` ids can end inside a character that
+    byte-level BPE spreads over several tokens (a Korean name in a RAG passage did), and then
+    the model's first token finishes a character the prompt began — a prompt no user sends,
+    and one where servers that report logprobs per character (llama.cpp) hold the first
+    position's logprobs back."""
+    toks = await scoring.tokenize(client, text)
+    while max_tokens is not None and len(toks) > max_tokens:
+        text = text[:max(1, min(len(text) - 1, len(text) * max_tokens // len(toks)))]
+        toks = await scoring.tokenize(client, text)
+    return toks

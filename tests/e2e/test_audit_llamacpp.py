@@ -169,3 +169,27 @@ def test_requests_in_flight_are_capped_at_the_servers_slots(llama_pair):
 
     assert asyncio.run(fit(Routes(LLAMACPP, echo=False))) == (2, 2)
     assert asyncio.run(fit(Routes(None))) == (None, 8)  # no way to ask: left as configured
+
+
+def test_a_truncated_prompt_ends_where_a_character_ends(llama_pair):
+    """The audit cuts long prompts to --max-prompt-tokens. Cutting the token ids of this RAG
+    record at 192 ends inside a Korean character; cutting its text keeps whole characters, so
+    the model's first token never finishes a character the prompt began."""
+    from tokenizers import Tokenizer
+
+    from spectest.audit.prompts import load_records, render, tokenize
+    _, base_url = llama_pair
+    local = Tokenizer.from_file(str(ROOT / "spectest" / "models" / "smollm2-draft" /
+                                    "tokenizer.json"))
+    record = next(r for r in load_records("mixed", 32, 0) if r.id.startswith("hotpot-5abafb6d"))
+
+    async def cut():
+        async with Client(Endpoint("baseline", base_url, "smollm2")) as client:
+            client.routes = Routes(LLAMACPP, echo=False, tokenize="endpoint")
+            whole = await scoring.tokenize(client, render(record)[:4 * 192])
+            (case,) = await tokenize([record], client, 192)
+            return whole, case.ids
+
+    whole, ids = asyncio.run(cut())
+    assert "\ufffd" in local.decode(whole[:192][-3:])  # the naive cut: inside a character
+    assert 150 <= len(ids) <= 192 and "\ufffd" not in local.decode(list(ids))
