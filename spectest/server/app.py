@@ -10,8 +10,10 @@ and graceful drain on shutdown.
 
 Does not know: how the engine drafts or verifies. It submits :class:`GenerationRequest`s to a
 running :class:`SpecEngine` (its own thread) and receives outputs through a thread-safe
-callback into an ``asyncio.Queue`` per request — one loop wake-up per burst of outputs
-(:class:`Outbox`), and a streamed response writes every output already queued in one write.
+callback routed by a :class:`Relay` (``server.relay``: non-streaming outputs reach the loop
+once, at the end; a stream's rounds are written by the engine thread itself once the loop has
+started the response) into an ``asyncio.Queue`` per request; a streamed response the loop
+writes writes every output already queued in one write.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ import asyncio
 import hmac
 import json
 import logging
-import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from spectest.server import responses as R
 from spectest.server.admin import Admin
 from spectest.server.errors import APIError, error_middleware, validation_error
 from spectest.server.openapi import openapi_document
+from spectest.server.relay import Outbox, Relay, Unsent
 from spectest.server.schemas import ChatCompletionRequest, CompletionRequest
 from spectest.telemetry import tracing as T
 from spectest.telemetry.metrics import ServingMetrics
@@ -62,33 +64,6 @@ class ServerConfig:
     admin_key: str | None = None  # None: /admin/* answers loopback peers only
 
 
-class Outbox:
-    """Engine thread → event loop with one wake-up per burst.
-
-    The engine calls back once per request per round; waking the loop for each
-    (``call_soon_threadsafe`` writes its self-pipe) costs a syscall and a loop iteration per
-    request per round. ``post`` queues the delivery and wakes the loop only when nothing is
-    queued yet; the loop then runs every queued delivery, in order."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop = loop
-        self._items: list = []
-        self._lock = threading.Lock()
-
-    def post(self, deliver, out) -> None:  # engine thread
-        with self._lock:
-            self._items.append((deliver, out))
-            if len(self._items) > 1:
-                return  # a wake-up is already on its way
-        self.loop.call_soon_threadsafe(self._run)
-
-    def _run(self) -> None:  # event loop
-        with self._lock:
-            items, self._items = self._items, []
-        for deliver, out in items:
-            deliver(out)
-
-
 class Server:
     def __init__(self, engine: SpecEngine, config: ServerConfig, registry: CollectorRegistry,
                  tracer_provider: TracerProvider | None = None):
@@ -107,6 +82,7 @@ class Server:
             engine.add_observer(self.round_tracer)
         self.active = 0
         self._outbox: Outbox | None = None
+        self.direct_writes = self.handbacks = 0  # streamed rounds the engine thread wrote
         self.draining = False
         self.created = int(time.time())
 
@@ -296,21 +272,21 @@ class Server:
 
     async def _respond(self, request, body, gen: GenerationRequest, fmt, operation):
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        queue: asyncio.Queue = asyncio.Queue()
         span = self._span(request, body, gen, operation)
         abandoned = False  # the client went away: the engine's last word still goes to metrics
 
-        def deliver(out: RequestOutput) -> None:  # on the loop, called from the engine thread
+        def deliver(out) -> None:  # on the loop, called from the engine thread
             if not abandoned:
                 queue.put_nowait(out)
-            elif out.finished:
+            elif getattr(out, "finished", False):
                 self._finish_metrics(gen, out)
 
         if self._outbox is None or self._outbox.loop is not loop:
             self._outbox = Outbox(loop)
-        outbox = self._outbox
+        relay = Relay(self._outbox, deliver, self._arrival(gen), collect=not body.stream)
         try:
-            self.engine.submit(gen, lambda out: outbox.post(deliver, out))
+            self.engine.submit(gen, relay.on_output)
         except QueueFullError as exc:
             self._end_span(span, gen, None, error=str(exc))
             raise APIError(429, f"server over capacity: {exc}", "over_capacity",
@@ -322,13 +298,12 @@ class Server:
         finished = None
         try:
             if body.stream:
-                finished = await self._stream(request, body, gen, fmt, queue)
+                finished = await self._stream(request, body, gen, fmt, queue, relay)
                 return finished[1]
-            outputs, last_token_at = [], None
+            outputs = []
             while True:
                 out = await queue.get()
                 outputs.append(out)
-                last_token_at = self._gap(gen, out, last_token_at)
                 if out.finished:
                     break
             finished = (out, None)
@@ -338,56 +313,88 @@ class Server:
                                "engine_error")
             return web.json_response(fmt.full(gen.request_id, outputs))
         finally:
+            relay.close()
+            self.direct_writes += relay.direct_writes
+            self.handbacks += relay.handbacks
             self.active -= 1
             if finished is None:  # client went away or we were cancelled: free the slot now
                 abandoned = True
                 while not queue.empty():  # a final output may already be here, unread
                     out = queue.get_nowait()
-                    if out.finished:
+                    if getattr(out, "finished", False):
                         self._finish_metrics(gen, out)
                 self.engine.cancel(gen.request_id)
             self._end_span(span, gen, finished[0] if finished else None)
 
-    def _gap(self, gen, out, last_token_at):
-        if not out.token_ids:
-            return last_token_at
-        now = time.perf_counter()
-        if last_token_at is not None:
-            self.metrics.observe_token_gap(gen.tag, now - last_token_at)
-        return now
+    def _arrival(self, gen):
+        """Token-gap metrics, on the engine thread, as each output with tokens leaves it."""
+        last = None
 
-    async def _stream(self, request, body, gen, fmt, queue):
+        def arrival(out: RequestOutput) -> None:
+            nonlocal last
+            if out.token_ids:
+                now = time.perf_counter()
+                if last is not None:
+                    self.metrics.observe_token_gap(gen.tag, now - last)
+                last = now
+        return arrival
+
+    async def _stream(self, request, body, gen, fmt, queue, relay: Relay):
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache",
                                            "X-Request-Id": gen.request_id})
         await resp.prepare(request)
         include_usage = body.include_usage()
-        last_token_at = None
+        chunked = resp.headers.get("Transfer-Encoding") == "chunked"
+
+        def encode(out) -> bytes:  # on the engine thread, while the stream is direct
+            data = b"".join([R.sse(c) for c in fmt.stream_chunks(gen.request_id, out,
+                                                                  include_usage)])
+            return b"%x\r\n%s\r\n" % (len(data), data) if chunked else data
+
+        transport = request.transport
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        if resp.compression:
+            sock = None  # aiohttp compresses what it writes: the loop writes everything
+        started = False  # aiohttp sends the headers with the first body bytes
         for chunk in fmt.stream_start(gen.request_id):
             await resp.write(R.sse(chunk))
+            started = True
         while True:
-            out = await queue.get()
+            item = await queue.get()
             events = []  # every output already here goes out in one write (one syscall)
             while True:
-                last_token_at = self._gap(gen, out, last_token_at)
-                if out.finished:
-                    self._finish_metrics(gen, out)
-                if out.error:
-                    events.append(R.sse({"error": {"message": out.error,
-                                                   "type": "server_error",
-                                                   "code": out.finish_reason}}))
+                if isinstance(item, Unsent):  # framed bytes the engine thread began to send
+                    await resp.write(b"".join(events))
+                    events = []
+                    transport.write(item.data)
+                elif item.finished or item.error:
+                    out = item
+                    if out.finished:
+                        self._finish_metrics(gen, out)
+                    if out.error:
+                        events.append(R.sse({"error": {"message": out.error,
+                                                       "type": "server_error",
+                                                       "code": out.finish_reason}}))
+                        await resp.write(b"".join(events) + b"data: [DONE]\n\n")
+                        return out, resp
+                    events += [R.sse(c) for c in fmt.stream_chunks(gen.request_id, out,
+                                                                   include_usage)]
                     await resp.write(b"".join(events) + b"data: [DONE]\n\n")
+                    await resp.write_eof()
                     return out, resp
-                events += [R.sse(c) for c in fmt.stream_chunks(gen.request_id, out,
-                                                               include_usage)]
-                if out.finished or queue.empty():
+                else:
+                    events += [R.sse(c) for c in fmt.stream_chunks(gen.request_id, item,
+                                                                   include_usage)]
+                if queue.empty():
                     break
-                out = queue.get_nowait()
-            if out.finished:
-                await resp.write(b"".join(events) + b"data: [DONE]\n\n")
-                await resp.write_eof()
-                return out, resp
-            await resp.write(b"".join(events))
+                item = queue.get_nowait()
+            if events:
+                await resp.write(b"".join(events))
+                started = True
+            if (started and sock is not None and queue.empty() and not transport.is_closing()
+                    and transport.get_write_buffer_size() == 0):
+                relay.go_direct(sock.fileno(), encode)  # the engine thread writes the rest
 
     def _finish_metrics(self, gen, out: RequestOutput):
         if out.stats is None:

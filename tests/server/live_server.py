@@ -22,6 +22,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -87,10 +88,11 @@ def make_server(pair: ModelPair, *, api_key: str | None = None, trace_file: Path
 
 class LiveServer:
     """``with LiveServer(server) as live: requests.get(live.url + "/health")``; ``host`` is
-    the bind address (the URL always names 127.0.0.1)."""
+    the bind address (the URL always names 127.0.0.1); ``sndbuf`` sets the send buffer of
+    the listening socket, which accepted connections inherit (a socket that fills fast)."""
 
-    def __init__(self, server: Server, host: str = "127.0.0.1"):
-        self.server, self.host = server, host
+    def __init__(self, server: Server, host: str = "127.0.0.1", sndbuf: int | None = None):
+        self.server, self.host, self.sndbuf = server, host, sndbuf
         self.url = ""
         self._loop = asyncio.new_event_loop()
         self._runner: web.AppRunner | None = None
@@ -110,7 +112,12 @@ class LiveServer:
         self._runner = web.AppRunner(self.server.app(), handler_cancellation=True,
                                      shutdown_timeout=self.server.config.drain_seconds + 1)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, 0)
+        if self.sndbuf is None:
+            site = web.TCPSite(self._runner, self.host, 0)
+        else:
+            listener = socket.create_server((self.host, 0))
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.sndbuf)
+            site = web.SockSite(self._runner, listener)
         await site.start()
         self.port = self._runner.addresses[0][1]
         self.url = f"http://127.0.0.1:{self.port}"
