@@ -14,6 +14,8 @@ settings, one torch thread):
 * ``http+telemetry`` — the same server with Prometheus metrics and OpenTelemetry tracing to a
   JSON-lines file, as ``spectest serve --trace-file`` runs it.
 
+``--non-streaming`` sends the HTTP requests with ``stream: false`` (the answer in one body).
+
 Modes alternate within each repeat (the order rotates) so that drift on a busy machine hits
 them alike; figures are medians over repeats. Two measures: tokens/s (wall clock — what users
 see, and what the targets are checked on) and tokens per CPU-second of the serving process
@@ -32,7 +34,8 @@ itself (round spans are built on a worker thread and exported on the SDK's, over
 next round's torch work).
 
     python benchmarks/server_overhead.py [--models DIR] [--max-tokens 128] [--requests 8]
-        [--repeats 5] [--concurrency 1 8] [--arms spec off] [--out results.json] [--strict]
+        [--repeats 5] [--concurrency 1 8] [--arms spec off] [--non-streaming]
+        [--out results.json] [--strict]
 """
 
 from __future__ import annotations
@@ -273,11 +276,13 @@ class ModeProcess:
 
 
 async def run_http(url: str, concurrency: int, n: int, max_tokens: int,
-                   speculative: bool = True) -> tuple[int, float]:
-    """Closed loop over HTTP: ``concurrency`` clients stream completions until n are done."""
+                   speculative: bool = True, stream: bool = True) -> tuple[int, float]:
+    """Closed loop over HTTP: ``concurrency`` clients stream (or, ``stream=False``, await
+    whole) completions until n are done."""
     body = {"model": NAME, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
-            "speculative": speculative}
+            "ignore_eos": True, "stream": stream, "speculative": speculative}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
     todo = iter(range(n))
     tokens = 0
     connector = aiohttp.TCPConnector(limit=concurrency)
@@ -289,6 +294,8 @@ async def run_http(url: str, concurrency: int, n: int, max_tokens: int,
                     if resp.status != 200:
                         raise RuntimeError(f"HTTP {resp.status}: {await resp.text()}")
                     usage = None
+                    if not stream:
+                        usage = (await resp.json())["usage"]
                     async for line in resp.content:
                         if line.startswith(b'data: {"id"') and b'"usage"' in line:
                             usage = json.loads(line[6:])["usage"]
@@ -358,7 +365,7 @@ def measure(args) -> int:
             tokens, seconds = result["tokens"], result["seconds"]
         else:
             tokens, seconds = asyncio.run(run_http(proc.url, c, n, args.max_tokens,
-                                                   speculative))
+                                                   speculative, not args.non_streaming))
         return tokens, seconds, proc.cpu_seconds() - cpu0
 
     try:
@@ -405,7 +412,8 @@ def measure(args) -> int:
     spans = workdir / "on.jsonl"
     n_spans = sum(1 for _ in spans.open()) if spans.exists() else 0
     shutil.rmtree(workdir, ignore_errors=True)
-    print(f"\nmodels {args.models}, K={args.k}, {args.max_tokens} tokens per request, "
+    print(f"\nmodels {args.models}, K={args.k}, {args.max_tokens} tokens per request "
+          f"({'non-streaming' if args.non_streaming else 'streamed'} over HTTP), "
           f"{args.requests} requests per client, torch threads {args.threads}, "
           f"{args.repeats} repeats; {n_spans} spans traced")
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}" if v < 10
@@ -443,6 +451,9 @@ def main() -> int:
     ap.add_argument("--max-model-len", type=int, default=512)
     ap.add_argument("--out", type=Path, default=None, help="JSON results (written atomically)")
     ap.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    ap.add_argument("--non-streaming", action="store_true",
+                    help="HTTP requests wait for the whole answer (stream: false) instead of "
+                         "streaming it")
     ap.add_argument("--serve", choices=["engine", "on", "off"], help=argparse.SUPPRESS)
     ap.add_argument("--trace-file", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
