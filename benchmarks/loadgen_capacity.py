@@ -5,7 +5,9 @@ per SSE chunk, no delays) pinned to one core, with the client pinned to the othe
 and at each concurrency of ``--sweep`` (closed loop, no wait):
 
 * baseline — a minimal asyncio/aiohttp streaming client (``iter_any()`` + line splitting,
-  the fastest variant measured in shared/REFERENCE.md), one process;
+  the fastest variant measured in shared/REFERENCE.md), one process, decoding events with
+  ``json.loads`` as vLLM's benchmark client does (``--baseline-decoder orjson``: with orjson,
+  as the Locust user does — the same work, so the ratio isolates Locust's own cost);
 * Locust — one Locust process running ``workloads/chat.py`` (the real spectest user).
 
 Timing error per request = what the client measured − the truth from the stub's stamps, on
@@ -27,7 +29,7 @@ ratios compare runs made seconds apart on the same stub, interleaved, each level
 repeated ``--repeat`` times (medians reported).
 
     python benchmarks/loadgen_capacity.py [--seconds 6] [--concurrency 32] [--sweep 1,2,4,8,16,32]
-        [--processes 2]
+        [--processes 2] [--baseline-decoder json|orjson]
 """
 
 from __future__ import annotations
@@ -60,8 +62,15 @@ WARMUP_S = 1.0
 
 
 # --- the baseline client (runs in its own pinned process: --asyncio-client) ---------------
-async def _asyncio_client(url: str, concurrency: int, seconds: float) -> list[dict]:
+async def _asyncio_client(url: str, concurrency: int, seconds: float,
+                          decoder: str = "json") -> list[dict]:
     import aiohttp
+    if decoder == "orjson":
+        import orjson
+        loads = orjson.loads
+    else:
+        def loads(data: bytes):
+            return json.loads(data.decode())
 
     rows: list[dict] = []
     end = time.monotonic() + seconds
@@ -80,7 +89,7 @@ async def _asyncio_client(url: str, concurrency: int, seconds: float) -> list[di
                         if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
                             continue
                         now = time.perf_counter()
-                        ev = json.loads(line[5:].decode())
+                        ev = loads(line[5:])
                         rid = rid or ev.get("id", "")
                         usage = ev.get("usage") or usage
                         for ch in ev.get("choices") or ():
@@ -168,14 +177,14 @@ def figures(rows: list[dict], stamps: dict[str, dict], warmup_s: float) -> dict:
 
 def run_client(kind: str, url: str, users: int, seconds: float, cpu: int | None,
                stub_pid: int, work: Path, nice: int = 0,
-               processes: int = 1) -> tuple[list[dict], dict]:
+               processes: int = 1, decoder: str = "json") -> tuple[list[dict], dict]:
     """One measured run of the asyncio baseline or of Locust (``processes`` > 1: a master
     and that many workers) at ``users``."""
     work.mkdir(parents=True, exist_ok=True)
     out = work / f"{kind}-{users}-p{processes}"
     if kind == "asyncio":
         cmd = [sys.executable, __file__, "--asyncio-client", url, "--concurrency", str(users),
-               "--seconds", str(seconds), "--rows", str(out) + ".json"]
+               "--seconds", str(seconds), "--rows", str(out) + ".json", "--decoder", decoder]
     else:
         cmd = [sys.executable, "-m", "locust", "-f", str(ROOT / "workloads" / "chat.py"),
                "--host", url, "--headless", "--only-summary", "--results-dir", str(out),
@@ -248,7 +257,8 @@ def versus_asyncio(a, work: Path) -> dict:
                 for kind in ("asyncio", "locust"):
                     truth(url)
                     rows, cpu_use = run_client(kind, url, users, a.seconds, client_cpu,
-                                               stub.proc.pid, work / f"rep{rep}", a.nice)
+                                               stub.proc.pid, work / f"rep{rep}", a.nice,
+                                               decoder=a.baseline_decoder)
                     runs[kind].append({**figures(rows, truth(url), WARMUP_S), **cpu_use})
             for kind, reps in runs.items():  # the median of the repeats, figure by figure
                 for r in reps:  # contention-proof capacity: requests per client CPU-second
@@ -277,7 +287,8 @@ def versus_asyncio(a, work: Path) -> dict:
     summary["ratio_req_per_cpu_s"] = cap["locust"] / cap["asyncio"]
     results["summary"] = summary
 
-    print(f"zero-latency stub (64 tokens/response, 1 token/chunk) on cpu {stub_cpu}, "
+    print(f"asyncio baseline decodes events with {a.baseline_decoder}; "
+          f"zero-latency stub (64 tokens/response, 1 token/chunk) on cpu {stub_cpu}, "
           f"client on cpu {client_cpu}; {a.seconds:g} s per run, first {WARMUP_S:g} s not "
           f"counted; nice {a.nice}; median of {a.repeat} interleaved runs per row; "
           f"'machine' = all cores "
@@ -321,11 +332,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="also compare one Locust process with this many (1: skip)")
     ap.add_argument("--skip-asyncio", action="store_true",
                     help="only the scale-out comparison")
+    ap.add_argument("--baseline-decoder", choices=["json", "orjson"], default="json",
+                    help="the asyncio baseline's JSON decoder: json (the standard library, as "
+                         "vLLM's benchmark client decodes) or orjson (what spectest's Locust "
+                         "user decodes with: the same work, so the ratio is Locust's own cost)")
     ap.add_argument("--asyncio-client", metavar="URL", help=argparse.SUPPRESS)
+    ap.add_argument("--decoder", default="json", help=argparse.SUPPRESS)
     ap.add_argument("--rows", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.asyncio_client:  # child mode: the baseline client itself
-        rows = asyncio.run(_asyncio_client(a.asyncio_client, a.concurrency, a.seconds))
+        rows = asyncio.run(_asyncio_client(a.asyncio_client, a.concurrency, a.seconds,
+                                           a.decoder))
         Path(a.rows).write_text(json.dumps(rows))
         return 0
     work = Path(tempfile.mkdtemp(prefix="loadgen-capacity-"))

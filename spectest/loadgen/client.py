@@ -39,6 +39,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
+import orjson
 from geventhttpclient.response import HTTPConnectionClosed
 from locust.contrib.fasthttp import FastHttpSession
 
@@ -206,10 +207,24 @@ def _lines(stream):
         yield block
 
 
+def decode_event(data: bytes):
+    """One SSE event's JSON. orjson decodes a token event in ~0.5 µs where ``json.loads``
+    takes ~1.7 (a Locust process decodes 60+ a request: measured, it was a fifth of the
+    process's time). What orjson refuses and the standard library takes (``NaN``/``Infinity``
+    literals, a lone surrogate escape) goes to ``json.loads``. One difference is left: orjson
+    reads an integer outside 64 bits as a float — no field of an OpenAI stream (counts,
+    timestamps, logprobs) comes near one, and checking every event for long digit runs cost
+    more than orjson saved."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data.decode())
+
+
 def _read_stream(stream, t0: float, keep_text: bool, base: dict) -> StreamResult:
     """Read SSE events to EOF. A stream that breaks midway (connection dropped, a torn event)
     gives a failed result that keeps what arrived: its TTFT, chunks and tokens so far."""
-    loads = json.loads
+    loads = decode_event
     perf = time.perf_counter
     times: list[float] = []
     pieces: list[str] = []
@@ -225,7 +240,7 @@ def _read_stream(stream, t0: float, keep_text: bool, base: dict) -> StreamResult
                 data = line[5:].strip()  # also the \r of a CRLF line
                 if data == b"[DONE]" or not data:
                     continue
-                event = loads(data.decode())  # str: json skips sniffing the byte encoding
+                event = loads(data)
                 if "error" in event and event["error"]:
                     err = event["error"]
                     error = ("stream error: "

@@ -4,6 +4,8 @@ import json
 import urllib.request
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from locust.contrib.fasthttp import FastHttpSession
 from locust.event import EventHook
 
@@ -12,6 +14,7 @@ from spectest.loadgen.client import (
     COMPLETIONS_PATH,
     CompletionRequest,
     build_body,
+    decode_event,
     stream_completion,
 )
 
@@ -201,3 +204,31 @@ def test_every_sse_framing_gives_the_same_result_and_ttft(events, framing):
     assert r.text == "abc" and r.chunks == 3 and r.output_tokens == 3
     assert r.usage_reported and r.prompt_tokens == 3
     assert r.ttft_s < 0.25 <= r.e2el_s  # the first event was timed when it came, not later
+
+
+# --- the event decoder: orjson, and the standard library for what orjson refuses ------------
+json_values = st.recursive(  # integers in 64 bits: orjson reads longer ones as floats
+    st.none() | st.booleans() | st.integers(-2**63, 2**63 - 1) | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12)
+
+
+@given(json_values)
+def test_an_event_decodes_exactly_as_the_standard_library_decodes_it(value):
+    """Any JSON Python's encoder writes (NaN and ±Infinity literals, lone surrogates escaped)
+    decodes to what ``json.loads`` gives, whichever decoder took it."""
+    data = json.dumps(value).encode()
+    decoded = decode_event(data)
+    expected = json.loads(data)
+    assert json.dumps(decoded) == json.dumps(expected)  # NaN != NaN: compare the encodings
+
+
+@pytest.mark.parametrize("data", [b'{"a": NaN}', b'{"t": "\\udcff"}', b'{"x": -Infinity}',
+                                  b'{"f": 1e400}', b'{"n": 9223372036854775807}'])
+def test_what_orjson_refuses_falls_back_to_the_standard_library(data):
+    assert json.dumps(decode_event(data)) == json.dumps(json.loads(data))
+
+
+def test_a_torn_event_still_raises():
+    with pytest.raises(ValueError):
+        decode_event(b'{"choices": [{"delta": {"content": "ab')
