@@ -4,7 +4,8 @@ Owns: :class:`SpecEngine`, which holds the target model and its KV cache, a draf
 and a scheduler, and runs one *round* at a time: every running sequence gets up to K drafts,
 the target scores ``[last token, drafts…]`` for all rows in one forward, each row accepts its
 own prefix (greedy matching or rejection sampling), both caches rewind to the accepted length,
-and a :class:`RoundRecord` goes to every observer. K = 0 rows (speculation off for a request,
+and a :class:`RoundRecord` goes to every observer — before the round's outputs go to their
+requests, so that counters read after a request's last token already include it. K = 0 rows (speculation off for a request,
 or the baseline drafter) go through the same forward, so comparisons are fair. A
 :class:`~spectest.engine.control.SpeculationControl` may switch speculation off for every row,
 or change K and the K policy; the engine applies such a change at the start of a step (a round
@@ -210,7 +211,7 @@ class SpecEngine:
         lps = None
         if req.logprobs is not None:
             lps = (self._logprob(F.log_softmax(logits[-1].float(), -1), first, req.logprobs),)
-        self._emit(seq, [first], lps, prompt_lps)
+        seq.on_output(self._emit(seq, [first], lps, prompt_lps)[1])
 
     # --- one round -------------------------------------------------------------------------
     def _round(self, seqs: list[Sequence]) -> None:
@@ -280,7 +281,7 @@ class SpecEngine:
         self.cache.lengths[slots] = torch.minimum(start + K + 1, n_prev + n_acc + extra)
         accepted, proposed, bonus_tok = n_acc.tolist(), lens.tolist(), nxt.tolist()
         draft_ids = drafts.tolist()
-        row_records = []
+        row_records, outputs = [], []
         for i, seq in enumerate(seqs):
             a, k_i = accepted[i], proposed[i]
             self.drafter.rewind(seq.slot, len(seq.tokens) + a)
@@ -299,7 +300,8 @@ class SpecEngine:
                 row_lp = F.log_softmax(logits[i, :a + 1].float(), dim=-1)  # [a+1, V]
                 lps = tuple(self._logprob(row_lp[j], t, seq.request.logprobs)
                             for j, t in enumerate(new))
-            emitted = self._emit(seq, new, lps)
+            emitted, out = self._emit(seq, new, lps)
+            outputs.append((seq, out))
             row_records.append(RowRecord(seq.request.request_id, seq.request.tag, k_i, a,
                                          bool(k_i) and a == k_i, emitted,
                                          seq.request.speculative))
@@ -311,8 +313,12 @@ class SpecEngine:
                              proposal.network_seconds if proposal is not None else 0.0,
                              proposal.error if proposal is not None else None)
         self.rounds += 1
-        for observer in self.observers:
-            observer(record)
+        try:  # observers first: a client that has its last token, then reads the server's
+            for observer in self.observers:  # counters, finds that token counted
+                observer(record)
+        finally:
+            for seq, out in outputs:
+                seq.on_output(out)
 
     @staticmethod
     def _draft_probs(proposal, row_of, s_idx, drafts, K, V) -> torch.Tensor:
@@ -333,8 +339,10 @@ class SpecEngine:
             top = tuple(zip(ids.tolist(), values.tolist()))
         return TokenLogprob(int(token), float(logprobs[token]), top)
 
-    def _emit(self, seq: Sequence, new: list[int], lps, prompt_lps=None) -> int:
-        """Append tokens, apply stop rules, send the delta. Returns tokens actually emitted."""
+    def _emit(self, seq: Sequence, new: list[int], lps,
+              prompt_lps=None) -> tuple[int, RequestOutput]:
+        """Append tokens, apply stop rules, build the delta for the caller to send. Returns
+        the tokens actually emitted and the output."""
         p = seq.request.params
         now = time.perf_counter()
         reason = None
@@ -368,8 +376,7 @@ class SpecEngine:
             self._release(seq)
             out = RequestOutput(out.request_id, out.token_ids, out.text, out.logprobs,
                                 out.prompt_logprobs, True, reason, self._stats(seq))
-        seq.on_output(out)
-        return len(kept)
+        return len(kept), out
 
     def _release(self, seq: Sequence) -> None:
         self.scheduler.finish(seq)

@@ -181,10 +181,10 @@ class RoundTracer:
 
     The server registers each request's span (``register``) before submitting it and retires
     it (``unregister``) when the request ends; rows whose request has no span are skipped.
-    A request's last tokens reach the server *before* the engine calls its observers for that
-    round, so ``unregister`` only marks the span: it is dropped after the next round record
-    has been seen, and the request's last round still gets its span (and its open
-    ``spec.decode`` run is closed).
+    ``unregister`` only marks the span: it is dropped after the next round record has been
+    seen, so the request's last round gets its span (and its open ``spec.decode`` run is
+    closed) whether its last tokens reached the server before the engine called its observers
+    for that round or after (the engine calls them first).
 
     With ``background`` (the server's choice) the engine thread only snapshots the parents
     and queues the record; a worker thread wakes every ``interval`` seconds and builds the

@@ -169,3 +169,27 @@ def test_kv_rewind_fault_changes_greedy_output(pair, baseline):
                          faults={"kv-rewind-off-by-one"})
     spec = _run(engine, reqs)
     assert sum(s != b for s, b in zip(spec, base)) >= len(reqs) // 2
+
+
+def test_observers_have_seen_every_round_of_a_request_before_its_last_output(pair):
+    """A client that has its last token and then reads the server's counters (``/metrics``,
+    fed by observers) must find all of its rounds counted: the engine calls its observers
+    before the round's outputs go out."""
+    target, draft = pair
+    seen: dict[str, int] = {}  # request id → accepted tokens the observers have seen
+    engine = make_engine(target.model, target.tokenizer, "draft-model", draft.model, FixedK(4),
+                         max_num_seqs=4)
+    engine.add_observer(lambda rec: [seen.__setitem__(r.request_id,
+                                                      seen.get(r.request_id, 0) + r.accepted)
+                                     for r in rec.rows])
+    checked = []
+
+    def on_output(out):
+        if out.finished:
+            checked.append((seen.get(out.request_id, 0), out.stats.accepted_tokens))
+
+    for r in _requests(target.tokenizer, [40, 25, 60, 33]):
+        engine.submit(r, on_output)
+    engine.run_until_idle()
+    assert len(checked) == 4 and sum(s for s, _ in checked) > 0
+    assert all(observed == reported for observed, reported in checked)
