@@ -25,10 +25,13 @@ the engine thread and hands it back across cores. So:
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+
+log = logging.getLogger("spectest.server")
 
 
 class Outbox:
@@ -108,7 +111,11 @@ class Relay:
         """Write ``out``'s chunk to the socket; False when none of it was written (the
         caller queues ``out`` for the loop); a partial write queues the rest as
         :class:`Unsent` and ends direct writing."""
-        data = self._encode(out)
+        try:
+            data = self._encode(out)
+        except Exception:  # a formatting bug must not fail the engine's round for every row:
+            log.exception("encoding a streamed chunk on the engine thread failed")
+            return False  # the loop formats this output and meets the error on its own
         try:
             sent = os.write(self._fd, data)
         except OSError:  # full (BlockingIOError), or the client went away: the loop's turn
