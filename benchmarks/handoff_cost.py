@@ -36,12 +36,10 @@ from pathlib import Path
 
 import torch
 
+from server_overhead import PROMPT, run_engine  # the same closed loop, prompt and settings
 from spectest.engine.api import MODELS_DIR, build_engine
 from spectest.engine.policies import make_policy
-from spectest.engine.requests import GenerationRequest
-from spectest.engine.sampling import SamplingParams
 
-PROMPT = "def fibonacci(n):\n    "
 CONDITIONS = ("plain", "wake", "wake+50us", "inline 50us", "write")
 EVENT = {"id": "cmpl-" + "0" * 32, "object": "text_completion", "created": 0, "model": "bench",
          "choices": [{"index": 0, "text": " return", "logprobs": None, "finish_reason": None}]}
@@ -87,29 +85,9 @@ def main() -> int:
     }
 
     def run(condition: str, speculative: bool) -> float:
-        params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
-        done, state = threading.Event(), {"finished": 0, "tokens": 0}
-        action = actions[condition]
-
-        def on_output(out) -> None:  # the engine thread
-            state["tokens"] += len(out.token_ids)
-            action()
-            if out.finished:
-                state["finished"] += 1
-                if state["finished"] == args.requests:
-                    done.set()
-                else:
-                    submit()
-
-        def submit() -> None:
-            engine.submit(GenerationRequest(f"h{time.monotonic_ns()}", prompt_ids, params,
-                                            speculative=speculative), on_output)
-
-        t0 = time.perf_counter()
-        submit()
-        if not done.wait(600):
-            raise RuntimeError("the engine did not finish")
-        return state["tokens"] / (time.perf_counter() - t0)
+        tokens, seconds = run_engine(engine, 1, args.requests, prompt_ids, args.max_tokens,
+                                     speculative=speculative, each_output=actions[condition])
+        return tokens / seconds
 
     try:
         for arm in ("off", "spec"):

@@ -133,8 +133,9 @@ class Accounting:
 
 def run_engine(engine, concurrency: int, n: int, prompt_ids: tuple[int, ...],
                max_tokens: int, acct: Accounting | None = None,
-               speculative: bool = True) -> tuple[int, float]:
-    """Closed loop in-process: keep ``concurrency`` requests in flight until n are done."""
+               speculative: bool = True, each_output=None) -> tuple[int, float]:
+    """Closed loop in-process: keep ``concurrency`` requests in flight until n are done;
+    ``each_output()`` runs on the engine thread for every output."""
     lock, all_done = threading.Lock(), threading.Event()
     state = {"next": 0, "finished": 0, "tokens": 0}
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
@@ -152,6 +153,8 @@ def run_engine(engine, concurrency: int, n: int, prompt_ids: tuple[int, ...],
                       on_output)
 
     def on_output(out) -> None:  # on the engine thread
+        if each_output is not None:
+            each_output()
         if acct and out.finished:
             acct.finished(out.request_id, out)
         with lock:

@@ -347,9 +347,12 @@ class Server:
         include_usage = body.include_usage()
         chunked = resp.headers.get("Transfer-Encoding") == "chunked"
 
-        def encode(out) -> bytes:  # on the engine thread, while the stream is direct
-            data = b"".join([R.sse(c) for c in fmt.stream_chunks(gen.request_id, out,
+        def events_of(out) -> bytes:
+            return b"".join([R.sse(c) for c in fmt.stream_chunks(gen.request_id, out,
                                                                   include_usage)])
+
+        def encode(out) -> bytes:  # on the engine thread, while the stream is direct
+            data = events_of(out)
             return b"%x\r\n%s\r\n" % (len(data), data) if chunked else data
 
         transport = request.transport
@@ -378,14 +381,12 @@ class Server:
                                                        "code": out.finish_reason}}))
                         await resp.write(b"".join(events) + b"data: [DONE]\n\n")
                         return out, resp
-                    events += [R.sse(c) for c in fmt.stream_chunks(gen.request_id, out,
-                                                                   include_usage)]
+                    events.append(events_of(out))
                     await resp.write(b"".join(events) + b"data: [DONE]\n\n")
                     await resp.write_eof()
                     return out, resp
                 else:
-                    events += [R.sse(c) for c in fmt.stream_chunks(gen.request_id, item,
-                                                                   include_usage)]
+                    events.append(events_of(item))
                 if queue.empty():
                     break
                 item = queue.get_nowait()
