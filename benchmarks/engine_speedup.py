@@ -16,8 +16,9 @@ paying?), and Hugging Face ``transformers`` assisted generation on the same pair
 in the same run. Every ratio compares figures measured in this run.
 
 ``--pair smollm2``: SmolLM2-135M-Instruct (int8, ``--quantize auto``) with its in-repo draft
-``smollm2-draft``, on workload records that ``spectest train-draft`` held out (never trained
-on); no transformers peer (it would run SmolLM2 in fp32).
+``smollm2-draft`` and its EAGLE head ``smollm2-eagle`` (an ``eagle`` arm), on workload records
+that ``spectest train-draft`` held out (never trained on); no transformers peer (it would run
+SmolLM2 in fp32).
 
     python benchmarks/engine_speedup.py [--pair embedded|smollm2] [--prompts 6]
                                         [--max-tokens 128] [--k 4]
@@ -204,10 +205,13 @@ def main() -> None:
     smollm2 = args.pair == "smollm2"
     batches = args.batches or ("1,4,8" if smollm2 else "1,4,16,32")
     slots = max(int(b) for b in batches.split(","))
+    arms = [("target-only", "none", 0), ("draft-model", "draft-model", k), ("ngram", "ngram", k)]
+    if smollm2 and (MODELS_DIR / "smollm2-eagle").is_dir():
+        arms.append(("eagle", "eagle", k))
     engines = {name: build_engine(args.pair, drafter=drafter, policy=FixedK(kk),
                                   max_num_seqs=slots)
-               for name, drafter, kk in (("target-only", "none", 0),
-                                         ("draft-model", "draft-model", k), ("ngram", "ngram", k))}
+               for name, drafter, kk in arms}
+    drafting = [name for name in engines if name != "target-only"]
     tok = engines["target-only"].tokenizer
     print(f"pair {args.pair}: {engines['target-only'].target.quantization} weights, "
           f"{torch.get_num_threads()} thread(s)", flush=True)
@@ -249,11 +253,11 @@ def main() -> None:
     for b in [int(x) for x in batches.split(",")]:
         reqs = (mixed * ((2 * b) // len(mixed) + 1))[:max(2 * b, len(mixed))]
         line = {"batch": b}
-        for name in ("target-only", "draft-model", "ngram"):
+        for name in engines:
             tokens, seconds, _, _ = run(engines[name], reqs, args.max_tokens // 2, 0.0, batch=b)
             line[name] = round(tokens / seconds, 1)
-        line["draft-model/target"] = round(line["draft-model"] / line["target-only"], 3)
-        line["ngram/target"] = round(line["ngram"] / line["target-only"], 3)
+        for name in drafting:
+            line[f"{name}/target"] = round(line[name] / line["target-only"], 3)
         thr.append(line)
         print(line, flush=True)
     thr_table = pd.DataFrame(thr)
@@ -278,14 +282,20 @@ def main() -> None:
     greedy = table[table.temperature == 0.0].set_index(["workload", "arm"])
     print(f"\nSUMMARY ({args.pair}, greedy, batch 1)")
     for w in prompt_sets:
-        dm = greedy.loc[(w, "draft-model")]
-        print(f"  {w:5s} draft-model {dm.speedup:.2f}× decode, {dm.wall_speedup:.2f}× wall "
-              f"(predicted {dm.predicted}, error "
-              f"{abs(dm.speedup - dm.predicted) / dm.predicted:.0%}), acceptance "
-              f"{dm.acceptance_rate}; ngram {greedy.loc[(w, 'ngram')].speedup:.2f}×, acceptance "
+        for name in [n for n in drafting if n != "ngram"]:
+            dm = greedy.loc[(w, name)]
+            print(f"  {w:5s} {name} {dm.speedup:.2f}× decode, {dm.wall_speedup:.2f}× wall "
+                  f"(predicted {dm.predicted}, error "
+                  f"{abs(dm.speedup - dm.predicted) / dm.predicted:.0%}), acceptance "
+                  f"{dm.acceptance_rate}, mean accepted length {dm.mean_accepted_length}")
+        print(f"  {w:5s} ngram {greedy.loc[(w, 'ngram')].speedup:.2f}×, acceptance "
               f"{greedy.loc[(w, 'ngram')].acceptance_rate}")
     ngram_acc = {w: greedy.loc[(w, "ngram")].acceptance_rate or 0 for w in ("chat", "code", "rag")}
     dm_acc = {w: greedy.loc[(w, "draft-model")].acceptance_rate or 0 for w in ("chat", "rag")}
+    if "eagle" in engines:
+        ea_acc = {w: greedy.loc[(w, "eagle")].acceptance_rate or 0 for w in ("chat", "rag")}
+        print(f"  eagle acceptance on RAG >= chat: {ea_acc['rag'] >= ea_acc['chat']} "
+              f"({ea_acc})")
     if "pysrc" in prompt_sets:
         print(f"  held-out Python source (aiohttp, never trained on): draft-model "
               f"{greedy.loc[('pysrc', 'draft-model')].speedup:.2f}× (target >= 1.4×)")

@@ -12,11 +12,14 @@ int8 costs in quality (argmax agreement with fp32 and KL(fp32 ‖ int8) on int8 
 held-out answers, teacher-forced), and — with the in-repo draft built (``--draft`` names
 another) — its tokens/s, c, and greedy agreement with SmolLM2 on held-out prompts of each
 workload (records ``spectest train-draft`` never trained on), as the engine drafts with it
-(head cut to ``head_tokens.json``) and with its whole head.
+(head cut to ``head_tokens.json``) and with its whole head; and with the EAGLE head built
+(``spectest train-eagle``; ``--eagle`` names another) its step cost c, its first draft's
+agreement with SmolLM2 and the mean accepted length of greedy 4-token chains on the same
+held-out answers.
 Targets: ≥ 40 tok/s at batch 1 on one thread, verify/step ≤ 1.4, agreement ≥ 0.6.
 
     python benchmarks/models.py [--pair embedded|smollm2] [--models spectest/models]
-                                [--threads N] [--draft smollm2-draft]
+                                [--threads N] [--draft smollm2-draft] [--eagle smollm2-eagle]
 """
 
 from __future__ import annotations
@@ -153,6 +156,46 @@ def smollm2_draft_report(target, answers, args) -> dict:
     return out
 
 
+@torch.inference_mode()
+def eagle_step_ms(drafter, context: int = 128, rounds: int = 48) -> float:
+    """Median ms of one EAGLE drafting step at batch 1 (one pair through fc + the layer, then
+    the cut head), after ``context`` cached pairs."""
+    D = drafter.model.config.hidden_size
+    cache, slot = drafter.model.new_cache(1, context + 8), torch.tensor([0])
+    drafter.model(torch.randn(1, context, D), torch.randn(1, context, D), cache, slot)
+    times = []
+    for i in range(rounds + 4):
+        feature, token = torch.randn(1, 1, D), torch.randint(0, 1000, (1, 1))
+        t0 = time.perf_counter()
+        guess = drafter.model(feature, drafter.embed(token), cache, slot)
+        drafter.lm_head(guess).argmax(-1)
+        if i >= 4:
+            times.append(time.perf_counter() - t0)
+        cache.lengths -= 1
+    return statistics.median(times) * 1e3
+
+
+def smollm2_eagle_report(target, answers, args) -> dict:
+    """The EAGLE head beside int8 SmolLM2 as the engine drafts with it (int8, cut head): step
+    cost, and on the held-out answers the first draft's agreement with SmolLM2 and greedy
+    K = 4 chains' acceptance (``training.eagle.heldout_figures``, on int8 SmolLM2's features)."""
+    from spectest.engine.eagle import EagleDrafter, load_eagle
+    from spectest.training.eagle import heldout_figures
+    from spectest.training.eagle_data import target_features
+    try:
+        head, head_ids = load_eagle(resolve_model_path(args.eagle), target.model)
+    except CheckpointError as exc:
+        return {"eagle": f"not measured: {exc}"}
+    ids = torch.tensor(sorted(set(head_ids)))
+    embed = target.model.embed_tokens
+    features = target_features(target.model, answers, progress=lambda line: None)
+    figures = heldout_figures(head, features, embed, embed.weight[ids].detach(), ids, k=4)
+    drafter = EagleDrafter(copy.deepcopy(head), target.model, head_ids, 1, 256, int8=True)
+    return {"eagle": {"params": sum(p.numel() for p in head.parameters()),
+                      "head_tokens": len(ids), "step_ms": round(eagle_step_ms(drafter), 3),
+                      "heldout": figures}}
+
+
 def smollm2_report(args) -> dict:
     report: dict = {"threads": torch.get_num_threads()}
     fp32 = load_checkpoint(resolve_model_path("smollm2"))
@@ -182,6 +225,17 @@ def smollm2_report(args) -> dict:
                              "held-out greedy agreement " + ", ".join(
                                  f"{w} {v['agreement']} (n={v['tokens']})"
                                  for w, v in agree.items()) + " (target >= 0.6)")
+    report.update(smollm2_eagle_report(int8, answers, args))
+    if isinstance(report.get("eagle"), dict):
+        e = report["eagle"]
+        c = e["step_ms"] / report["target_int8"]["step_ms"]
+        report["eagle_cost_ratio_c_b1"] = round(c, 3)
+        report["summary"] = report.get("summary", "") + (
+            f"; EAGLE head {e['params'] / 1e6:.1f}M params: c = {c:.3f}; held-out first-draft "
+            "agreement " + ", ".join(f"{w} {v['first_draft_agreement']}"
+                                     for w, v in e["heldout"].items())
+            + " (target >= 0.6); accepted of 4 " + ", ".join(
+                f"{w} {v['mean_accepted_k4']}" for w, v in e["heldout"].items()))
     print(json.dumps(report, indent=2))
     fp, q = report["target_none"], report["target_int8"]
     print(f"\nSUMMARY SmolLM2-135M on {report['threads']} thread(s): fp32 "
@@ -204,6 +258,8 @@ def main() -> None:
                     help="--pair smollm2: held-out prompts per workload for agreement")
     ap.add_argument("--draft", default="smollm2-draft",
                     help="--pair smollm2: the draft to measure (a short name or a path)")
+    ap.add_argument("--eagle", default="smollm2-eagle",
+                    help="--pair smollm2: the EAGLE head to measure (a short name or a path)")
     ap.add_argument("--max-tokens", type=int, default=96,
                     help="--pair smollm2: SmolLM2 tokens generated per prompt")
     args = ap.parse_args()

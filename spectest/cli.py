@@ -11,6 +11,7 @@ import os
 import sys
 from pathlib import Path
 
+from spectest.engine.api import DRAFTERS
 from spectest.engine.int8 import QUANTIZE_CHOICES
 
 
@@ -28,6 +29,16 @@ def _train_draft(args) -> int:
         torch.set_num_threads(args.threads)
     recipe = DraftRecipe.quick(args.seed) if args.quick else DraftRecipe(seed=args.seed)
     train_smollm2_draft(args.out, recipe, args.teacher_cache)
+    return 0
+
+
+def _train_eagle(args) -> int:
+    from spectest.training.eagle import EagleRecipe, train_smollm2_eagle
+    import torch
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    recipe = EagleRecipe.quick(args.seed) if args.quick else EagleRecipe(seed=args.seed)
+    train_smollm2_eagle(args.out, recipe, args.teacher_cache, args.feature_cache)
     return 0
 
 
@@ -93,13 +104,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="a tiny recipe (tests)")
     p.set_defaults(func=_train_draft)
 
+    p = sub.add_parser("train-eagle", help="train smollm2-eagle, an EAGLE head that drafts for "
+                                           "SmolLM2-135M from its hidden states (~1 h)")
+    p.add_argument("--out", type=Path, default=Path(__file__).parent / "models" / "smollm2-eagle")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--teacher-cache", type=Path, default=None,
+                   help="SmolLM2's answers: reuse this file (train-draft's) or write it")
+    p.add_argument("--feature-cache", type=Path, default=None,
+                   help="SmolLM2's hidden states over them: reuse this file or write it")
+    p.add_argument("--quick", action="store_true", help="a tiny recipe (tests)")
+    p.set_defaults(func=_train_eagle)
+
     p = sub.add_parser("generate", help="generate with the bundled engine (a demo)")
     p.add_argument("prompt", nargs="*")
     p.add_argument("--model", default="embedded", help="embedded, smollm2, a HF directory or "
                                                        "a .gguf file")
     p.add_argument("--draft", default="auto", help="draft checkpoint (auto: the target's "
                                                    "companion draft)")
-    p.add_argument("--drafter", default="draft-model", choices=["draft-model", "ngram", "none"])
+    p.add_argument("--drafter", default="draft-model", choices=DRAFTERS)
     p.add_argument("--quantize", choices=QUANTIZE_CHOICES, default="auto")
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--chat", action="store_true")

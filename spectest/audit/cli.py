@@ -93,7 +93,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _opt(g, "embedded_model", "model for 'embedded' servers")
     _opt(g, "embedded_draft", "draft checkpoint for 'embedded' servers")
     _opt(g, "embedded_drafter", "drafter of the embedded candidate",
-         choices=["draft-model", "ngram"])
+         choices=["draft-model", "eagle", "ngram"])
     _opt(g, "embedded_k", "draft length K of the embedded candidate", type=int)
     _opt(g, "embedded_threads", "torch threads of an embedded server", type=int)
     g = p.add_argument_group("prompts and sizes")

@@ -39,7 +39,7 @@ class ServerSpec:
         argv = [sys.executable, "-m", "spectest", "serve", "--host", "127.0.0.1", "--port", "0",
                 "--model", self.model, "--drafter", self.drafter, "--k", str(self.k),
                 "--drain-seconds", "1"]
-        if self.drafter == "draft-model":
+        if self.drafter in ("draft-model", "eagle"):
             argv += ["--draft", self.draft]
         if self.threads:
             argv += ["--threads", str(self.threads)]

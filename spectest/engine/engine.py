@@ -85,6 +85,8 @@ class SpecEngine:
         self.speculating = self.control.settings().enabled
         self.cache = target.new_cache(sc.max_num_seqs, sc.max_model_len)
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
+        # an EAGLE-style drafter reads the target's final-norm hidden states (engine.eagle)
+        self.feeds_features = bool(getattr(drafter, "wants_features", False))
         self.rounds = 0
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -190,8 +192,9 @@ class SpecEngine:
         req = seq.request
         self.cache.reset(seq.slot)
         ids = torch.tensor([req.prompt_ids])
-        logits = self.target(ids, self.cache, torch.tensor([seq.slot]),
-                             last_only=not req.prompt_logprobs)[0]  # [T or 1, V]
+        out = self.target(ids, self.cache, torch.tensor([seq.slot]),
+                          last_only=not req.prompt_logprobs, with_hidden=self.feeds_features)
+        logits = (out[0] if self.feeds_features else out)[0]  # [T or 1, V]
         prompt_lps = None
         if req.prompt_logprobs:
             logprobs = F.log_softmax(logits[:-1].float(), dim=-1)  # [T-1, V]
@@ -208,6 +211,8 @@ class SpecEngine:
             self.drafter.admit(seq.slot, list(req.prompt_ids))
         else:  # no draft prefill; the drafter catches up if speculation comes back on
             self.drafter.release(seq.slot)
+        if self.feeds_features:  # the prompt's hidden states [T, D], for an EAGLE head
+            self.drafter.add_features(seq.slot, out[1][0])
         lps = None
         if req.logprobs is not None:
             lps = (self._logprob(F.log_softmax(logits[-1].float(), -1), first, req.logprobs),)
@@ -251,7 +256,11 @@ class SpecEngine:
         slots = torch.tensor([s.slot for s in seqs])
         feed = torch.cat([torch.tensor([[s.tokens[-1]] for s in seqs]), drafts], dim=1)
         start = self.cache.lengths[slots].clone()
-        logits = self.target(feed, self.cache, slots)  # [B, K+1, V]
+        hidden = None
+        if self.feeds_features:
+            logits, hidden = self.target(feed, self.cache, slots, with_hidden=True)
+        else:
+            logits = self.target(feed, self.cache, slots)  # [B, K+1, V]
 
         n_acc = torch.zeros(B, dtype=torch.long)
         nxt = torch.zeros(B, dtype=torch.long)
@@ -285,6 +294,8 @@ class SpecEngine:
         for i, seq in enumerate(seqs):
             a, k_i = accepted[i], proposed[i]
             self.drafter.rewind(seq.slot, len(seq.tokens) + a)
+            if hidden is not None:  # the features of the committed positions [a + 1, D]
+                self.drafter.add_features(seq.slot, hidden[i, :a + 1])
             if k_i:
                 seq.drafts += 1
                 seq.draft_tokens += k_i

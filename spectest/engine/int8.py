@@ -82,6 +82,13 @@ class Int8Linear(nn.Module):
             out = out.add_(self.bias)
         return out.reshape(*x.shape[:-1], self.out_features)
 
+    def dequantized(self) -> torch.Tensor:
+        """The weights [out, in] as the int8 values times their scales (float)."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            qweight, _ = torch.ops.quantized.linear_unpack(self._packed)
+        return qweight.dequantize()[:, :self.in_features]
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
 
@@ -98,18 +105,28 @@ def _linear_int8(*linears: nn.Linear) -> Int8Linear:
     return Int8Linear(weight, bias)
 
 
+def quantize_layer_int8(layer: nn.Module) -> None:
+    """One decoder layer's projections to int8, q/k/v and gate/up fused (in place)."""
+    with torch.no_grad():
+        attn, mlp = layer.self_attn, layer.mlp
+        attn.qkv_proj = _linear_int8(attn.q_proj, attn.k_proj, attn.v_proj)
+        attn.q_proj = attn.k_proj = attn.v_proj = None
+        attn.o_proj = _linear_int8(attn.o_proj)
+        mlp.gate_up_proj = _linear_int8(mlp.gate_proj, mlp.up_proj)
+        mlp.gate_proj = mlp.up_proj = None
+        mlp.down_proj = _linear_int8(mlp.down_proj)
+
+
+def linear_int8(linear: nn.Linear) -> Int8Linear:
+    with torch.no_grad():
+        return _linear_int8(linear)
+
+
 def quantize_int8(model: Transformer) -> Transformer:
     """Replace every projection of ``model`` with int8 (in place; returns the model)."""
-    with torch.no_grad():
-        for layer in model.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            attn.qkv_proj = _linear_int8(attn.q_proj, attn.k_proj, attn.v_proj)
-            attn.q_proj = attn.k_proj = attn.v_proj = None
-            attn.o_proj = _linear_int8(attn.o_proj)
-            mlp.gate_up_proj = _linear_int8(mlp.gate_proj, mlp.up_proj)
-            mlp.gate_proj = mlp.up_proj = None
-            mlp.down_proj = _linear_int8(mlp.down_proj)
-        model.lm_head = _linear_int8(model.lm_head)
+    for layer in model.layers:
+        quantize_layer_int8(layer)
+    model.lm_head = linear_int8(model.lm_head)
     model.quantization, model.row_exact = "int8", True
     return model
 

@@ -243,7 +243,31 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class Transformer(nn.Module):
+class Rotary:
+    """RoPE tables for a module with ``inv_freq`` [head_dim/2] and ``config``: shared by the
+    :class:`Transformer` and heads built from its layers (``engine.eagle``)."""
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [B, T, head_dim] for absolute ``positions`` [B, T], from cached tables."""
+        need = int(positions.max()) + 1
+        if need > self._rope_len:
+            length = max(need, 2 * self._rope_len, self.config.max_position_embeddings)
+            freqs = torch.arange(length, dtype=torch.float32)[:, None] * self.inv_freq  # [L, hd/2]
+            emb = torch.cat((freqs, freqs), dim=-1)
+            self._cos, self._sin, self._rope_len = emb.cos(), emb.sin(), length
+        return self._cos[positions], self._sin[positions]
+
+    def rotary(self, positions: torch.Tensor, tables: bool = True):
+        """cos, sin [B, T, head_dim]: from the cached tables, or computed afresh (training:
+        tensors made under inference mode cannot be saved for backward)."""
+        if tables:
+            return self._rope(positions)
+        freqs = positions[..., None].float() * self.inv_freq  # [B, T, hd/2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos(), emb.sin()
+
+
+class Transformer(Rotary, nn.Module):
     """Parameter names match HF's ``model.*`` / ``lm_head.*`` so checkpoints load as they are."""
 
     def __init__(self, cfg: ModelConfig):
@@ -261,16 +285,6 @@ class Transformer(nn.Module):
         self.register_buffer("head_ids", None, persistent=False)  # [N]: restrict_head
         self._rope_len = 0  # cos/sin tables cover positions [0, _rope_len)
 
-    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [B, T, head_dim] for absolute ``positions`` [B, T], from cached tables."""
-        need = int(positions.max()) + 1
-        if need > self._rope_len:
-            length = max(need, 2 * self._rope_len, self.config.max_position_embeddings)
-            freqs = torch.arange(length, dtype=torch.float32)[:, None] * self.inv_freq  # [L, hd/2]
-            emb = torch.cat((freqs, freqs), dim=-1)
-            self._cos, self._sin, self._rope_len = emb.cos(), emb.sin(), length
-        return self._cos[positions], self._sin[positions]
-
     def new_cache(self, n_slots: int, max_len: int, dtype=torch.float32) -> KVCache:
         cfg = self.config
         return KVCache(cfg.num_hidden_layers, n_slots, max_len, cfg.num_key_value_heads,
@@ -278,7 +292,8 @@ class Transformer(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None,
                 slots: torch.Tensor | None = None, last_only: bool = False,
-                hidden_only: bool = False, row_exact: bool | None = None) -> torch.Tensor:
+                hidden_only: bool = False, row_exact: bool | None = None,
+                with_hidden: bool = False):
         """Logits for ``input_ids`` [B, T] appended after each row's cached prefix.
 
         ``slots`` [B] picks the cache rows (default 0..B-1). Without a cache the call is a
@@ -287,44 +302,52 @@ class Transformer(nn.Module):
         (training that needs the LM head at a few positions only). ``row_exact``: attend
         through :class:`RowSpans` (default: the model's own ``row_exact``; False for batch
         decoding that does not need batch-invariant rows, e.g. making training data).
+        ``with_hidden``: return ``(logits, hidden)`` with the final-norm hidden states of every
+        position [B, T, D] (an EAGLE head drafts from them; ``last_only`` still cuts the
+        logits).
         """
         B, T = input_ids.shape
-        if cache is None:
-            positions = torch.arange(T).expand(B, T)  # [B, T]
-            mask = CAUSAL
-            layer_caches = [_no_cache] * len(self.layers)
-        else:
-            if slots is None:
-                slots = torch.arange(B)
-            start = cache.lengths[slots]  # [B]
-            positions = start[:, None] + torch.arange(T)  # [B, T]
-            span = int(start.max()) + T
-            if span > cache.max_len:
-                raise ValueError(f"KV cache overflow: need {span} positions, have {cache.max_len}")
-            if self.row_exact if row_exact is None else row_exact:
-                mask = RowSpans(tuple(map(tuple, (positions + 1).tolist())))
-            elif B == 1 and T == 1:
-                mask = None  # one query, every cached key is in its past
-            else:
-                key_pos = torch.arange(span)
-                mask = (key_pos[None, None, :] <= positions[:, :, None]).unsqueeze(1)  # [B,1,T,S]
-            layer_caches = cache.writers(slots, positions, span)
-        if self.training and cache is None:
-            freqs = positions[..., None].float() * self.inv_freq  # [B, T, hd/2]
-            emb = torch.cat((freqs, freqs), dim=-1)
-            cos, sin = emb.cos(), emb.sin()  # [B, T, hd]
-        else:
-            cos, sin = self._rope(positions)  # [B, T, hd]
+        if cache is not None and slots is None:
+            slots = torch.arange(B)
+        positions, mask, layer_caches, start = attention_inputs(
+            self, cache, slots, B, T, self.row_exact if row_exact is None else row_exact)
+        cos, sin = self.rotary(positions, tables=not (self.training and cache is None))
         x = self.embed_tokens(input_ids)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # fp16/bf16 weights: keep q/k in dtype
         for layer, layer_cache in zip(self.layers, layer_caches):
             x = layer(x, cos, sin, layer_cache, mask)
         if cache is not None:
             cache.lengths[slots] = start + T
+        if with_hidden:
+            hidden = self.norm(x)  # [B, T, D]
+            return self.lm_head(hidden[:, -1:] if last_only else hidden), hidden
         if last_only:
             x = x[:, -1:]
         x = self.norm(x)
         return x if hidden_only else self.lm_head(x)
+
+
+def attention_inputs(model, cache: KVCache | None, slots, B: int, T: int,
+                     row_exact: bool) -> tuple[torch.Tensor, object, list, torch.Tensor | None]:
+    """Positions [B, T], the attention mask, each layer's cache writer and each row's start
+    length [B] (None without a cache) for ``T`` new tokens of ``B`` rows of ``model``."""
+    if cache is None:
+        return torch.arange(T).expand(B, T), CAUSAL, [_no_cache] * len(model.layers), None
+    if slots is None:
+        slots = torch.arange(B)
+    start = cache.lengths[slots]  # [B]
+    positions = start[:, None] + torch.arange(T)  # [B, T]
+    span = int(start.max()) + T
+    if span > cache.max_len:
+        raise ValueError(f"KV cache overflow: need {span} positions, have {cache.max_len}")
+    if row_exact:
+        mask = RowSpans(tuple(map(tuple, (positions + 1).tolist())))
+    elif B == 1 and T == 1:
+        mask = None  # one query, every cached key is in its past
+    else:
+        key_pos = torch.arange(span)
+        mask = (key_pos[None, None, :] <= positions[:, :, None]).unsqueeze(1)  # [B,1,T,S]
+    return positions, mask, cache.writers(slots, positions, span), start
 
 
 def restrict_head(model: Transformer, token_ids: tuple[int, ...]) -> Transformer:

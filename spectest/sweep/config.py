@@ -22,6 +22,9 @@ from spectest.report.cli import add_analysis_arguments, analysis_options
 from spectest.report.evidence import MIN_REQUESTS_PER_STEP
 from spectest.report.table import SLO, SweepError
 
+# engine.api.DRAFTERS that draft (spelled out: the sweep imports no torch)
+SWEEP_DRAFTERS = ("draft-model", "eagle", "ngram")
+
 WORKLOADS = ("chat", "code", "rag", "mixed")
 DEFAULT_WORKLOADS = ("chat", "code", "rag")
 DEFAULT_STEPS = (1, 2, 4, 8)
@@ -81,6 +84,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--embedded: target (embedded, smollm2, a checkpoint)")
     g.add_argument("--draft", default="auto",
                    help="--embedded: draft checkpoint (auto: the target's companion draft)")
+    g.add_argument("--drafter", default="draft-model", choices=SWEEP_DRAFTERS,
+                   help="--embedded: how the server drafts (eagle: the target's EAGLE head, "
+                        "e.g. smollm2-eagle for --model smollm2)")
     g.add_argument("--k", type=int, default=4, help="--embedded: draft length K")
     g.add_argument("--disaggregated", action="store_true",
                    help="--embedded: run the draft in its own `spectest serve-draft` process, "
@@ -147,6 +153,7 @@ class SweepConfig:
     embedded: bool = True
     model: str = "embedded"
     draft: str = "auto"
+    drafter: str = "draft-model"
     k: int = 4
     disaggregated: bool = False
     server_args: tuple[str, ...] = field(default_factory=tuple)
@@ -181,7 +188,8 @@ class SweepConfig:
         one core and the load generator the other (``--server-arg=--threads=N`` overrides);
         ``draft_url``: draft from that ``spectest serve-draft`` (``--disaggregated``)."""
         remote = ["--draft-url", draft_url] if draft_url else []
-        return ["--model", self.model, "--draft", self.draft, "--k", str(self.k),
+        return ["--model", self.model, "--drafter", self.drafter, "--draft", self.draft,
+                "--k", str(self.k),
                 "--max-num-seqs", str(max(self.steps)),
                 "--threads", "1", *remote, *self.server_args]
 
@@ -202,7 +210,7 @@ class SweepConfig:
                 "max_prompt_chars": self.max_prompt_chars, "temperature": self.temperature,
                 "patience": self.patience, "processes": self.processes, "host": self.host,
                 "baseline_host": self.baseline_host, "embedded": self.embedded,
-                "model": self.model, "draft": self.draft, "k": self.k,
+                "model": self.model, "draft": self.draft, "drafter": self.drafter, "k": self.k,
                 "disaggregated": self.disaggregated, "server_args": list(self.server_args),
                 "validate_k": self.validate_k,
                 "min_requests_per_step": self.min_requests_per_step,
@@ -270,6 +278,6 @@ class SweepConfig:
                    seed=a.seed, max_tokens=a.max_tokens, max_prompt_chars=max_prompt,
                    temperature=a.temperature, patience=a.patience, processes=a.processes,
                    host=a.host.rstrip("/"), baseline_host=a.baseline_host.rstrip("/"),
-                   embedded=embedded, model=a.model, draft=a.draft, k=a.k,
+                   embedded=embedded, model=a.model, draft=a.draft, drafter=a.drafter, k=a.k,
                    disaggregated=a.disaggregated, server_args=tuple(a.server_arg),
                    validate_k=validate, slo=slo, **report)

@@ -178,9 +178,74 @@ python benchmarks/models.py --pair smollm2      # speed, c, agreement per worklo
 """
 
 
-def write_draft_card(out_dir: Path, figures: dict) -> Path:
+def _write(out_dir: Path, text: str) -> Path:
     path = Path(out_dir) / "README.md"
     tmp = path.with_suffix(".md.tmp")
-    tmp.write_text(render_draft(figures))
+    tmp.write_text(text)
     tmp.replace(path)
     return path
+
+
+def write_draft_card(out_dir: Path, figures: dict) -> Path:
+    return _write(out_dir, render_draft(figures))
+
+
+def render_eagle(f: dict) -> str:
+    """The card beside ``smollm2-eagle`` (``spectest train-eagle``)."""
+    r = f["recipe"]
+    k = r["eval_k"]
+    rows = "\n".join(
+        f"| {source} | {v['first_draft_agreement']} | {v[f'mean_accepted_k{k}']} | "
+        f"{v['per_token_acceptance']} | "
+        f"{f['heldout_before_training'][source]['first_draft_agreement']} | {v['positions']} |"
+        for source, v in f["heldout"].items())
+    files = ", ".join(f"`{name}` {mb} MB" for name, mb in f["files_mb"].items())
+    return f"""# smollm2-eagle: an EAGLE head for SmolLM2-135M-Instruct
+
+Trained in-repo by `spectest train-eagle`. An EAGLE-1-style draft (Li et al., 2024): at each
+position it reads SmolLM2's own final-norm hidden state beside the embedding of the next
+token, mixes them (`fc`, 2 × 576 → 576), runs one decoder layer of SmolLM2's shape, and guesses
+SmolLM2's next hidden state; SmolLM2's tied LM head, cut to the {f['head_tokens']} tokens of
+`head_tokens.json` (SmolLM2's most frequent answer tokens), turns the guess into a draft token.
+It holds no embedding or head of its own: {f['params'] / 1e6:.2f} M parameters. Files: {files}.
+
+Served by spectest's engine only (`spectest serve --model smollm2 --drafter eagle`): the
+engine hands it the target's hidden states after every prefill and verify. llama-server's
+`-md` needs a standalone draft: that is `smollm2-draft`.
+
+## Held-out figures
+On workload records never trained on ({f['heldout_prompts_per_workload']} per workload,
+SmolLM2's greedy answers of up to {f['heldout_tokens']} tokens, features from int8 SmolLM2):
+"first draft": the head's first guess equals SmolLM2's greedy token (teacher-forced: the
+per-token agreement a draft model's figure reports); "accepted of {k}": greedy chains of {k}
+drafts from every answer position, the mean number a greedy verifier accepts; "per token":
+that divided by {k} (the engine's acceptance rate at K = {k}).
+
+| workload | first draft | accepted of {k} | per token | first draft before training | positions |
+|---|---|---|---|---|---|
+{rows}
+
+## Data and recipe (seed {r['seed']}, {f['threads']} thread(s))
+SmolLM2's greedy answers to `spectest train-draft`'s training prompts (the same set and cache;
+held-out workload records excluded), {f['train_sequences']} sequences, {f['train_positions']}
+positions with their features. {r['epochs']} epochs, batches of about {r['batch_tokens']}
+tokens, AdamW (peak {r['lr']}, cosine); every position is a base of a {r['depth']}-step chain
+unrolled in training, each step fed the head's own previous guess (as drafting does); loss
+{r['feature_weight']} × smooth-L1 to SmolLM2's next feature + {r['token_weight']} ×
+cross-entropy to SmolLM2's next-token distribution, uniform noise ±{r['noise']} on the input
+features.
+
+Time on this machine: SmolLM2's answers {f['teacher_seconds'] / 60:.1f} min (0 when reused
+from train-draft's cache), features {f['feature_seconds'] / 60:.1f} min, training
+{f['train_seconds'] / 60:.1f} min, {f['total_seconds'] / 60:.1f} min in all.
+
+## Rebuild
+```
+spectest train-eagle --seed {r['seed']} --teacher-cache /tmp/teacher.pt --out spectest/models/smollm2-eagle
+python benchmarks/engine_speedup.py --pair smollm2 --threads 1      # speedup per workload
+```
+"""
+
+
+def write_eagle_card(out_dir: Path, figures: dict) -> Path:
+    return _write(out_dir, render_eagle(figures))

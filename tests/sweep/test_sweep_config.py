@@ -102,3 +102,15 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "cannot reach the server at http://127.0.0.1:9" in proc.stderr
     assert proc.stderr.count("\n") == 1 and not (tmp_path / "y").exists()
+
+
+def test_drafter_reaches_the_bundled_server_and_the_config():
+    c = cfg("--model", "smollm2", "--drafter", "eagle")
+    argv = c.serve_args()
+    assert argv[argv.index("--drafter") + 1] == "eagle" and c.to_json()["drafter"] == "eagle"
+    assert cfg().serve_args()[cfg().serve_args().index("--drafter") + 1] == "draft-model"
+
+
+def test_sweep_drafters_are_engine_drafters_that_draft():
+    from spectest.engine.api import DRAFTERS
+    assert set(C.SWEEP_DRAFTERS) == set(DRAFTERS) - {"none"}
