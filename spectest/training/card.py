@@ -200,6 +200,8 @@ def render_eagle(f: dict) -> str:
         f"{f['heldout_before_training'][source]['first_draft_agreement']} | {v['positions']} |"
         for source, v in f["heldout"].items())
     files = ", ".join(f"`{name}` {mb} MB" for name, mb in f["files_mb"].items())
+    reused = (" (the training sequences' features reused from `--feature-cache`; only the "
+              "held-out ones computed)" if f.get("features_reused") else "")
     return f"""# smollm2-eagle: an EAGLE head for SmolLM2-135M-Instruct
 
 Trained in-repo by `spectest train-eagle`. An EAGLE-1-style draft (Li et al., 2024): at each
@@ -236,7 +238,7 @@ cross-entropy to SmolLM2's next-token distribution, uniform noise ±{r['noise']}
 features.
 
 Time on this machine: SmolLM2's answers {f['teacher_seconds'] / 60:.1f} min (0 when reused
-from train-draft's cache), features {f['feature_seconds'] / 60:.1f} min, training
+from train-draft's cache), features {f['feature_seconds'] / 60:.1f} min{reused}, training
 {f['train_seconds'] / 60:.1f} min, {f['total_seconds'] / 60:.1f} min in all.
 
 ## Rebuild

@@ -265,6 +265,7 @@ def train_smollm2_eagle(out: Path, r: EagleRecipe, teacher_cache: Path | None = 
         distill.DraftRecipe.quick(r.seed)
     data, gen_s = distill.teacher_answers(target, draft_recipe, teacher_cache, progress)
     f0 = time.perf_counter()
+    reused = feature_cache is not None and feature_cache.is_file()
     features = _features(target.model, data, feature_cache, "training sequences", progress)
     held = distill.heldout_data(target, draft_recipe, progress)
     held_features = target_features(target.model, held, progress=lambda _: None)
@@ -286,6 +287,7 @@ def train_smollm2_eagle(out: Path, r: EagleRecipe, teacher_cache: Path | None = 
         "heldout_prompts_per_workload": draft_recipe.heldout_prompts,
         "heldout_tokens": draft_recipe.heldout_tokens,
         "teacher_seconds": round(gen_s, 1), "feature_seconds": round(feature_s, 1),
+        "features_reused": reused,
         "train_seconds": round(train_s, 1), "total_seconds": round(time.perf_counter() - t0, 1),
     }
     save_head(out, head, head_ids, figures, "SmolLM2-135M-Instruct")
