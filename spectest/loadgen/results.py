@@ -284,7 +284,12 @@ class ResultsSink:
             cached = self._cache.get(step.index)
             if cached is None:
                 server = acceptance(step.start_snapshot, step.end_snapshot or self.latest)
-                keys = sorted(k for k in step.buckets if k != ALL) + [ALL]
+                # a workload of this run whose counters moved in the step gets a row even if
+                # none of its requests started in it (a long request that began in the step
+                # before): otherwise its accepted tokens would be in no row at all
+                seen = set().union(*(s.buckets for s in self.steps))
+                moved = {k for k, a in server.items() if k in seen and a.drafts}
+                keys = sorted((set(step.buckets) | moved) - {ALL}) + [ALL]
                 cached = [self._row(step, key, step.buckets.get(key, _Bucket()), server.get(key))
                           for key in keys]
                 if step.ended_at is not None:  # a running step changes every second

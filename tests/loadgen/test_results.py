@@ -63,6 +63,23 @@ def test_rows_go_to_the_step_they_were_sent_in(sink, tmp_path):
     assert run["status"] == "finished" and len(run["steps"]) == 2 and run["host"] == "h"
 
 
+def test_a_workload_whose_counters_moved_without_a_new_request_still_gets_its_row(sink, tmp_path):
+    """A long RAG request starts in step 0 and finishes in step 1, where no RAG request
+    starts: the accepted tokens it adds in step 1 are on a (step 1, rag) row, so the sum over
+    steps equals the server's growth (test_locust_bundled[mixed] lost them: 600 vs 833)."""
+    sink.begin_step(2, None, snap(100.0, chat=(0, 0, 0, ()), rag=(0, 0, 0, ())), at=100.0)
+    sink.add([row(result(100.5)), row(result(101.0, workload="rag"))])
+    sink.begin_step(3, None, snap(110.0, chat=(5, 20, 10, ()), rag=(4, 16, 6, ())), at=110.0)
+    sink.add([row(result(111.0))])
+    sink.finish(snap(120.0, chat=(9, 36, 18, ()), rag=(10, 40, 16, ())))
+    df = pd.read_csv(tmp_path / "out" / "steps.csv")
+    rag = df[df.workload == "rag"].set_index("step")
+    assert list(rag.index) == [0, 1] and rag.loc[1, "requests"] == 0
+    assert rag.accepted_tokens.sum() == 16 and rag.loc[1, "accepted_tokens"] == 10
+    assert df[df.workload == "all"].accepted_tokens.sum() == 34
+    assert "code" not in set(df.workload)  # only the run's own workloads get rows
+
+
 def test_percentiles_rates_and_goodput(sink, tmp_path):
     rng = np.random.default_rng(0)
     ttfts, tpots = rng.uniform(0.05, 0.5, 200), rng.uniform(0.005, 0.05, 200)
