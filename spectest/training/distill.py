@@ -169,13 +169,26 @@ def distill_loss(draft: Transformer, inputs, targets, top_ids, top_logp, answer,
             + prompt_weight * (ce * ~is_answer).sum() / n_prompt)
 
 
+def warmup_cosine(opt, steps: int, warmup: int, floor: float):
+    """Linear warm-up over ``warmup`` steps, then cosine decay to ``floor`` × the peak."""
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) * (
+        floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / max(1, steps))))))
+
+
+def update(model, opt, sched, loss) -> None:
+    """One optimiser step: backward, gradient norm clipped to 1, schedule advanced."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
+
+
 def train(draft: Transformer, data: teacher.TeacherData, r: DraftRecipe, progress=print):
     rng = random.Random(f"spectest-draft:batches:{r.seed}")
     generator = torch.Generator().manual_seed(r.seed)
     opt = torch.optim.AdamW(draft.parameters(), lr=r.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    warmup = max(1, r.steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) * (
-        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / max(1, r.steps))))))
+    sched = warmup_cosine(opt, r.steps, warmup=max(1, r.steps // 20), floor=0.1)
     draft.train()
     started, losses = time.perf_counter(), []
     for step in range(r.steps):
@@ -185,11 +198,7 @@ def train(draft: Transformer, data: teacher.TeacherData, r: DraftRecipe, progres
         with torch.autocast("cpu", dtype=torch.bfloat16):  # AMX / AVX-512 bf16 where present
             loss = distill_loss(draft, inputs, targets, top_ids, top_logp, answer,
                                 r.prompt_weight, r.prompt_positions, generator)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-        opt.step()
-        sched.step()
+        update(draft, opt, sched, loss)
         losses.append(loss.item())
         if step % 25 == 0 or step == r.steps - 1:
             elapsed = time.perf_counter() - started

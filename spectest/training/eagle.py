@@ -18,7 +18,6 @@ Deterministic for a seed and thread count.
 from __future__ import annotations
 
 import json
-import math
 import random
 import shutil
 import time
@@ -168,9 +167,7 @@ def train(head: EagleHead, data: FeatureData, embed: torch.nn.Embedding,
     epochs = [_batches(data, r.batch_tokens, rng) for _ in range(r.epochs)]
     steps = sum(len(e) for e in epochs)
     opt = torch.optim.AdamW(head.parameters(), lr=r.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    warmup = max(1, steps // 30)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) * (
-        0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / max(1, steps))))))
+    sched = distill.warmup_cosine(opt, steps, warmup=max(1, steps // 30), floor=0.05)
     head.train()
     started, losses, agrees, step = time.perf_counter(), [], [], 0
     for epoch, batches in enumerate(epochs):
@@ -178,11 +175,7 @@ def train(head: EagleHead, data: FeatureData, embed: torch.nn.Embedding,
             features, embeds, valid = _collate(data, idx, embed)
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 loss, agree = chain_loss(head, lm_weight, features, embeds, valid, r, generator)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-            opt.step()
-            sched.step()
+            distill.update(head, opt, sched, loss)
             losses.append(loss.item())
             agrees.append(agree)
             step += 1
