@@ -16,7 +16,9 @@ settings, one torch thread):
 
 ``--non-streaming`` sends the HTTP requests with ``stream: false`` (the answer in one body).
 
-Modes alternate within each repeat (the order rotates) so that drift on a busy machine hits
+The mode processes run on every core but the last and this process — the HTTP client — on
+the last (``--no-pin``: wherever the scheduler puts them): a client with a core of its own, as a
+remote one would have. Modes alternate within each repeat (the order rotates) so that drift on a busy machine hits
 them alike; figures are medians over repeats. Two measures: tokens/s (wall clock — what users
 see, and what the targets are checked on) and tokens per CPU-second of the serving process
 (user + system time of all its threads, from /proc), beside it: a ratio of CPU-seconds hides
@@ -26,15 +28,18 @@ cores are shared with other work wall-clock figures swing from run to run, so re
 the in-process baseline at the same arm and concurrency, and telemetry on vs off. Targets (on
 paired wall-clock ratios, both arms): ``http+telemetry`` ≥ 0.95 × ``engine`` at concurrency 1
 (HTTP + telemetry cost at most 5 %), ``http+telemetry`` ≥ 0.98 × ``http`` (tracing + metrics
-cost at most 2 %; checked at every concurrency). ``--strict`` exits 1 when one is
-missed. Last, where the telemetry time goes: the engine process runs once more per concurrency
-with the server's metrics and tracing attached, and reports the thread CPU time of each part
-per engine round, as a share of the process's CPU, and the share spent on the engine thread
-itself (round spans are built on a worker thread and exported on the SDK's, overlapping the
-next round's torch work).
+cost at most 2 %; checked at every concurrency). Each paired ratio comes with a 95 % bootstrap
+interval of its median: a target is PASS when the whole interval clears it, MISS when none of
+it does, UNSETTLED otherwise — on a machine whose run-to-run noise is ±3 %, a 2 % target needs
+the interval, not a median, to be told. ``--strict`` exits 1 unless every target passes.
+Last, where the telemetry time goes: the engine process runs once more per concurrency with the
+server's metrics and tracing attached, and reports the thread CPU time of each part per engine
+round, as a share of the process's CPU, and the share spent on the engine thread itself (the
+engine thread queues rounds; the collectors fold them at a scrape or a full queue, round spans
+are built on a worker thread and exported on the SDK's).
 
     python benchmarks/server_overhead.py [--models DIR] [--max-tokens 128] [--requests 8]
-        [--repeats 5] [--concurrency 1 8] [--arms spec off] [--non-streaming]
+        [--repeats 5] [--concurrency 1 8] [--arms spec off] [--non-streaming] [--no-pin]
         [--out results.json] [--strict]
 """
 
@@ -54,8 +59,10 @@ import time
 from pathlib import Path
 
 import aiohttp
+import numpy as np
 import pandas as pd
 import torch
+from scipy import stats
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from prometheus_client import CollectorRegistry
@@ -237,6 +244,8 @@ class ModeProcess:
                "--threads", str(args.threads), "--k", str(args.k), "--max-tokens",
                str(args.max_tokens), "--max-model-len", str(args.max_model_len),
                "--trace-file", str(trace_file), "--concurrency", *map(str, args.concurrency)]
+        if args.server_cpus:  # the client keeps a core to itself, as a remote client would
+            cmd = ["taskset", "-c", ",".join(map(str, args.server_cpus)), *cmd]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True,
                                      env={**env, "PYTHONUNBUFFERED": "1"})
@@ -320,11 +329,33 @@ METRICS = {"tok_s": "tokens/s (wall clock)",
            "tok_per_cpu_s": "tokens per CPU-second of the serving process"}
 
 
-def summarize(rows: list[dict]) -> tuple[pd.DataFrame, dict[str, tuple[float, float, float]]]:
+def interval(ratios: pd.Series, confidence: float = 0.95) -> tuple[float, float]:
+    """A bootstrap interval (percentile, 9,999 resamples, fixed seed) of the median paired
+    ratio; (nan, nan) with fewer than 3 repeats."""
+    if len(ratios) < 3:
+        return float("nan"), float("nan")
+    result = stats.bootstrap((ratios.to_numpy(),), np.median, confidence_level=confidence,
+                             n_resamples=9_999, method="percentile",
+                             random_state=np.random.default_rng(0))
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+def verdict(low: float, high: float, target: float) -> str:
+    """PASS only when the whole interval clears the target, MISS when all of it falls short;
+    otherwise the runs cannot tell (more repeats, or a quieter machine, narrow it)."""
+    if low >= target:
+        return "PASS"
+    if high < target:
+        return "MISS"
+    return "UNSETTLED"
+
+
+def summarize(rows: list[dict]) -> tuple[pd.DataFrame, dict[str, tuple]]:
     """Medians (and wall-clock spread) per concurrency × mode for both measures, each mode's
     ratio to the in-process engine at the same concurrency, and the named ratios the targets
     apply to — paired: each repeat's ratio of runs made back to back, then the median over
-    repeats with its min and max, which cancels most of the machine's slow drift."""
+    repeats with its min and max and a 95 % bootstrap interval, which cancels most of the
+    machine's slow drift and states the rest."""
     df = pd.DataFrame(rows)
     table = df.groupby(["arm", "concurrency", "mode"]).agg(
         runs=("tok_s", "count"), tok_s=("tok_s", "median"), tok_s_min=("tok_s", "min"),
@@ -342,7 +373,8 @@ def summarize(rows: list[dict]) -> tuple[pd.DataFrame, dict[str, tuple[float, fl
                                    ("http+telemetry / engine", "http+telemetry", "engine")):
                 if {num, den} <= set(runs.columns):
                     r = (runs[num] / runs[den]).dropna()
-                    ratios[f"{metric}: {arm}, {name}, c={c}"] = (r.median(), r.min(), r.max())
+                    ratios[f"{metric}: {arm}, {name}, c={c}"] = (
+                        r.median(), r.min(), r.max(), *interval(r), len(r))
     return table.reset_index(), ratios
 
 
@@ -354,7 +386,20 @@ def target_of(name: str) -> float | None:
     return None
 
 
+def pin(args) -> None:
+    """``--pin`` (the default with 2+ cores): the mode processes on every core but the last,
+    this process (the HTTP client) on the last. Unpinned, the client, the event loop and the
+    engine thread share the cores at the scheduler's whim: on this 2-vCPU VM that alone moves
+    a run's tokens/s by ±5 %, more than the 2 % the telemetry target has to resolve."""
+    cores = sorted(os.sched_getaffinity(0))
+    args.server_cpus = []
+    if args.pin and len(cores) >= 2 and shutil.which("taskset"):
+        args.server_cpus = cores[:-1]
+        os.sched_setaffinity(0, {cores[-1]})
+
+
 def measure(args) -> int:
+    pin(args)
     rows: list[dict] = []
     workdir = Path(tempfile.mkdtemp(prefix="spectest-overhead-"))
     procs: dict[str, ModeProcess] = {}
@@ -415,20 +460,25 @@ def measure(args) -> int:
     spans = workdir / "on.jsonl"
     n_spans = sum(1 for _ in spans.open()) if spans.exists() else 0
     shutil.rmtree(workdir, ignore_errors=True)
+    placement = (f"servers on CPU {','.join(map(str, args.server_cpus))}, client on CPU "
+                 f"{','.join(map(str, sorted(os.sched_getaffinity(0))))}"
+                 if args.server_cpus else "unpinned")
     print(f"\nmodels {args.models}, K={args.k}, {args.max_tokens} tokens per request "
           f"({'non-streaming' if args.non_streaming else 'streamed'} over HTTP), "
           f"{args.requests} requests per client, torch threads {args.threads}, "
-          f"{args.repeats} repeats; {n_spans} spans traced")
+          f"{args.repeats} repeats, {placement}; {n_spans} spans traced")
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}" if v < 10
                           else f"{v:.1f}"))
     ok = True
-    print("\npaired ratios (median over repeats [min, max]):")
-    for name, (ratio, low, high) in ratios.items():
+    print("\npaired ratios (median over n repeats, 95 % bootstrap interval of the median, "
+          "[min, max]); a target passes when its whole interval clears it:")
+    for name, (ratio, low, high, ci_low, ci_high, n) in ratios.items():
         target = target_of(name)
-        verdict = "" if target is None else \
-            f"  {'PASS' if ratio >= target else 'MISS'} (target >= {target:.2f})"
-        ok &= target is None or ratio >= target
-        print(f"{name}: {ratio:.3f} [{low:.3f}, {high:.3f}]{verdict}")
+        said = "" if target is None else \
+            f"  {verdict(ci_low, ci_high, target)} (target >= {target:.2f})"
+        ok &= target is None or verdict(ci_low, ci_high, target) == "PASS"
+        print(f"{name}: {ratio:.3f} ({ci_low:.3f}-{ci_high:.3f}, n={n}) "
+              f"[{low:.3f}, {high:.3f}]{said}")
     if accounts:
         print("\nwhere the telemetry time goes (in-process, thread CPU time per engine round):")
         print(pd.DataFrame(accounts).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
@@ -457,6 +507,10 @@ def main() -> int:
     ap.add_argument("--non-streaming", action="store_true",
                     help="HTTP requests wait for the whole answer (stream: false) instead of "
                          "streaming it")
+    ap.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
+                    help="the server processes on all cores but the last, the client on the "
+                         "last (default with 2+ cores; --no-pin leaves placement to the "
+                         "scheduler)")
     ap.add_argument("--serve", choices=["engine", "on", "off"], help=argparse.SUPPRESS)
     ap.add_argument("--trace-file", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()

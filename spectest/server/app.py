@@ -139,6 +139,7 @@ class Server:
 
     async def metrics_endpoint(self, request):
         running, waiting = self.engine.scheduler.counts()
+        self.metrics.flush()  # the queued rounds first: their load gauges are older than these
         self.metrics.set_load(running, waiting, self.engine.kv_usage())
         # Always the 0.0.4 text format: prometheus_client's OpenMetrics output rewrites the
         # colons of ``spectest:`` names (prometheus/client_python#1177).

@@ -13,11 +13,19 @@ from __future__ import annotations
 import json
 import time
 
+import orjson
+
 from spectest.engine.requests import RequestOutput, RequestStats, TokenLogprob
 
 
 def sse(obj: dict) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+    """One server-sent event. orjson (0.2 µs for a token chunk against json's 3 µs, and a
+    streamed chunk is encoded on the engine thread, between two rounds) writes UTF-8 instead
+    of ``\\u`` escapes; a string orjson refuses (a lone surrogate) goes through json."""
+    try:
+        return b"data: " + orjson.dumps(obj) + b"\n\n"
+    except TypeError:
+        return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
 def spec_object(stats: RequestStats | None, drafter: str) -> dict | None:

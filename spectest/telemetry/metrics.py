@@ -7,6 +7,10 @@ semantics, accepted-length histogram, K gauge, draft/verify time), ``observe_req
 timings and token counts when a request finishes; a remote drafter's network time and
 failed rounds come with the round record), ``set_load`` (running/waiting/KV gauges) and
 ``observe_speculation`` (the runtime switch: enabled and configured-K gauges, switch counter).
+Rounds and token gaps — the per-round and per-token events, on the engine thread — are queued
+and folded into the collectors in a batch when the registry is collected (a collector
+registered ahead of the others calls ``flush``) or when the queue is full, so a scrape always
+sees every round observed before it.
 
 Does not know: HTTP or the engine's internals. Label values are fixed sets: ``workload`` comes
 from the server's bounded tag map, never from a request id or prompt text.
@@ -14,6 +18,8 @@ from the server's bounded tag map, never from a request id or prompt text.
 
 from __future__ import annotations
 
+import threading
+from collections import deque
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -67,9 +73,29 @@ def _collector(spec: N.MetricSpec, registry: CollectorRegistry):
     return _KINDS[spec.kind](spec.name, spec.help, **kwargs)
 
 
+class _FlushFirst:
+    """Registered before every other collector: collecting the registry (a scrape,
+    ``get_sample_value``) first folds the queued rounds into the collectors."""
+
+    def __init__(self, flush):
+        self._flush = flush
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        self._flush()
+        return []
+
+
 class ServingMetrics:
-    def __init__(self, registry: CollectorRegistry, model_name: str, drafter: str):
+    def __init__(self, registry: CollectorRegistry, model_name: str, drafter: str,
+                 max_pending: int = 256):
         self.registry = registry
+        self._pending: deque = deque()
+        self._fold_lock = threading.Lock()
+        self.max_pending = max_pending
+        registry.register(_FlushFirst(self.flush))
         self.model_name, self.drafter = model_name, drafter
         self.c = {spec.name: _collector(spec, registry) for spec in N.ALL}
         engine = {"model_name": model_name, "drafter": drafter}
@@ -123,6 +149,29 @@ class ServingMetrics:
 
     # --- per round (engine thread) -----------------------------------------------------------
     def observe_round(self, record) -> None:
+        """Queue the round; it reaches the collectors at the next collection of the registry
+        (a scrape) or once ``max_pending`` events are queued. Folding a round into a dozen
+        children costs 3–8 µs warm and 30+ µs on the engine thread between two forwards,
+        whose caches the model has just flushed; folded in a batch, the same work is warm."""
+        self._pending.append(record)
+        if len(self._pending) >= self.max_pending:
+            self.flush()
+
+    def flush(self) -> None:
+        """Fold every queued round and token gap into the collectors (any thread)."""
+        with self._fold_lock:
+            pending, last = self._pending, None
+            while pending:
+                event = pending.popleft()
+                if type(event) is tuple:  # (workload, seconds): a token gap
+                    self._series(event[0]).itl.observe(event[1])
+                else:
+                    self._fold_round(event)
+                    last = event
+            if last is not None:
+                self.set_load(last.running, last.waiting, last.kv_usage)
+
+    def _fold_round(self, record) -> None:
         e = self._engine
         e.rounds.inc()
         e.k.set(record.k)
@@ -146,7 +195,6 @@ class ServingMetrics:
                 child = w.position(pos)
                 if pos < row.accepted:
                     child.inc()
-        self.set_load(record.running, record.waiting, record.kv_usage)
 
     def observe_speculation(self, enabled: bool, k: int, switched: bool = False) -> None:
         """The runtime speculation settings now in force; ``switched``: a change just landed."""
@@ -162,9 +210,12 @@ class ServingMetrics:
         e.waiting.set(waiting)
         e.kv_usage.set(kv_usage)
 
-    # --- per request (server thread) ---------------------------------------------------------
+    # --- per request -------------------------------------------------------------------------
     def observe_token_gap(self, workload: str, seconds: float) -> None:
-        self._series(workload).itl.observe(seconds)
+        """Queued like a round (the server calls it on the engine thread, per output)."""
+        self._pending.append((workload, seconds))
+        if len(self._pending) >= self.max_pending:
+            self.flush()
 
     def observe_first_token(self, workload: str, seconds: float) -> None:
         self._m(N.TTFT).labels(**self.request_labels(workload)).observe(seconds)

@@ -4,7 +4,10 @@ Proves the collectors follow vLLM's semantics exactly — num_drafts +1 per requ
 with drafts, per-position counters +1 for each of the first n_accepted positions, rows with
 K = 0 count nothing, accepted length = accepted + 1 — that TPOT is decode / (n − 1), that the
 registry holds exactly the name table (type, labels, buckets), that rarely hit series exist at
-zero from start-up, and that no tag a client sends can add a label value.
+zero from start-up, that no tag a client sends can add a label value, and that rounds and
+token gaps queued on the engine thread reach every reader of the registry (a scrape,
+``get_sample_value``), are folded on the spot when the queue fills, and never overwrite a
+newer load reading.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 
 from spectest.engine.requests import RequestStats, RoundRecord, RowRecord
 from spectest.telemetry import names as N
@@ -163,3 +166,41 @@ def test_no_client_tag_adds_a_label_value(tags):
         m.observe_request(workload, stats(3), "stop")
     seen = {s.labels.get("workload") for fam in reg.collect() for s in fam.samples}
     assert seen - {None} <= set(N.WORKLOADS)
+
+
+def test_queued_rounds_reach_every_way_of_reading_the_registry():
+    """Rounds and token gaps are queued on the engine thread and folded in a batch: any
+    collection of the registry (``get_sample_value``, a scrape) folds them first, so a reader
+    never sees fewer rounds than were observed before it read."""
+    reg = CollectorRegistry()
+    m = ServingMetrics(reg, MODEL, DRAFTER, max_pending=1000)
+    for i in range(5):
+        m.observe_round(record([row("a", "code", 4, 3)], index=i))
+        m.observe_token_gap("code", 0.003)
+    assert len(m._pending) == 10  # nothing folded yet
+    assert value(reg, N.SPEC_NUM_ACCEPTED_TOKENS, **labels("code")) == 15
+    assert value(reg, N.ITL, "_count", **labels("code")) == 5
+    assert not m._pending
+    m.observe_round(record([row("a", "code", 4, 4)]))
+    text = generate_latest(reg).decode()  # what /metrics serves
+    assert f'{N.SPEC_NUM_ACCEPTED_TOKENS.sample_name}{{drafter="{DRAFTER}",model_name="{MODEL}",' \
+           'workload="code"} 19.0' in text
+
+
+def test_a_full_queue_is_folded_on_the_spot():
+    reg = CollectorRegistry()
+    m = ServingMetrics(reg, MODEL, DRAFTER, max_pending=4)
+    for i in range(9):
+        m.observe_round(record([row("a", "chat", 2, 1)], index=i))
+    assert len(m._pending) == 1  # folded at 4 and at 8
+    assert m.c[N.SPEC_NUM_DRAFTS.name].labels(**labels("chat"))._value.get() == 8
+
+
+def test_the_load_gauges_show_the_newest_reading_after_a_flush(reg_metrics):
+    """The server's scrape flushes the queue, then sets the load it reads now: the queued
+    rounds' older load readings must not overwrite it."""
+    reg, m = reg_metrics
+    m.observe_round(record([row("a"), row("b")]))  # running 2, waiting 2
+    m.flush()
+    m.set_load(running=7, waiting=0, kv_usage=0.5)
+    assert value(reg, N.RUNNING, **ENGINE) == 7 and value(reg, N.WAITING, **ENGINE) == 0

@@ -10,7 +10,9 @@ rounds when its queue is full; rows of
 unregistered requests are skipped; and a request unregistered before its last round is traced
 (the engine reports the round after the server has seen the request's last tokens) still gets
 that round, while later rounds no longer attach to it; file records equal the SDK's own
-``to_json`` output; requests whose trace is sampled out cost no round spans.
+``to_json`` output; requests whose trace is sampled out cost no round spans; round spans,
+handed to the processors without ``start_span``, carry the request's trace, fresh span ids,
+the provider's resource and the engine's scope, and encode for OTLP.
 """
 
 from __future__ import annotations
@@ -282,3 +284,35 @@ def test_iso_time_is_the_sdk_timestamp(ns):
     iso = IsoTime()
     assert iso(ns) == ns_to_iso_str(ns)
     assert iso(ns + 1_000) == ns_to_iso_str(ns + 1_000)  # the cached second, reused or not
+
+
+def test_round_spans_are_whole_sdk_spans_for_any_exporter(traced):
+    """Round spans skip ``start_span`` (a fifth of the cost): they must still be what an
+    exporter expects — the request's trace, a fresh span id, the provider's resource, the
+    engine's instrumentation scope — and encode for OTLP like any SDK span."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    provider, exporter, tracer = traced
+    request = provider.get_tracer("server").start_span("chat m", kind=SpanKind.SERVER)
+    tracer.register("a", request)
+    for i in range(3):
+        tracer(record([row("a")], index=i))
+    tracer(record([row("a", 0, 0)], index=3))
+    tracer.unregister("a")
+    tracer(record([], index=4))
+    request.end()
+    rounds = [s for s in exporter.get_finished_spans() if s.name.startswith("spec.")]
+    assert [s.name for s in rounds] == ["spec.round"] * 3 + ["spec.decode"]
+    ids = {s.context.span_id for s in rounds} | {request.context.span_id}
+    assert len(ids) == 5 and 0 not in ids
+    for span in rounds:
+        assert span.context.trace_id == request.context.trace_id
+        assert span.context.trace_flags == request.context.trace_flags
+        assert span.parent.span_id == request.context.span_id
+        assert span.resource is provider.resource
+        assert span.instrumentation_scope.name == "spectest.engine"
+        assert span.kind == SpanKind.INTERNAL and span.status.status_code == StatusCode.UNSET
+    encoded = encode_spans(rounds)
+    otlp = encoded.resource_spans[0].scope_spans[0]
+    assert otlp.scope.name == "spectest.engine" and len(otlp.spans) == 4
+    first = {a.key: a.value for a in otlp.spans[0].attributes}
+    assert first["spec.accepted"].int_value == 2 and first["spec.bonus"].bool_value is False
