@@ -349,8 +349,7 @@ class Server:
         chunked = resp.headers.get("Transfer-Encoding") == "chunked"
 
         def events_of(out) -> bytes:
-            return b"".join([R.sse(c) for c in fmt.stream_chunks(gen.request_id, out,
-                                                                  include_usage)])
+            return fmt.stream_events(gen.request_id, out, include_usage)
 
         def encode(out) -> bytes:  # on the engine thread, while the stream is direct
             data = events_of(out)
