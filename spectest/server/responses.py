@@ -58,7 +58,7 @@ class _Format:
         self.tok, self.model, self.body = tokenizer, model, body
         self.created = int(time.time())
         self.as_ids = bool(getattr(body, "return_tokens_as_token_ids", False))
-        self._template: tuple[bytes, bytes] | None = None
+        self._template: tuple[bytes, ...] | None = None
 
     def stream_events(self, rid: str, out: RequestOutput, include_usage: bool) -> bytes:
         """The SSE bytes of one output: ``stream_chunks`` → ``sse``. Most outputs of a stream
@@ -68,14 +68,15 @@ class _Format:
         round per streamed request)."""
         if (out.text or out.token_ids) and not out.finished and out.logprobs is None \
                 and out.prompt_logprobs is None and not self.body.logprobs:
-            if self._template is None:
-                prefix, suffix = sse(self.text_chunk(rid, _SLOT)).split(orjson.dumps(_SLOT))
-                self._template = (prefix, suffix)
-            prefix, suffix = self._template
-            try:
-                return prefix + orjson.dumps(out.text) + suffix
-            except TypeError:  # text orjson refuses: the general path's fallback
-                pass
+            if self._template is None:  # () when the id or model holds the slot marker
+                parts = sse(self.text_chunk(rid, _SLOT)).split(orjson.dumps(_SLOT))
+                self._template = tuple(parts) if len(parts) == 2 else ()
+            if self._template:
+                prefix, suffix = self._template
+                try:
+                    return prefix + orjson.dumps(out.text) + suffix
+                except TypeError:  # text orjson refuses: the general path's fallback
+                    pass
         return b"".join([sse(c) for c in self.stream_chunks(rid, out, include_usage)])
 
     def text_chunk(self, rid: str, text: str) -> dict:

@@ -85,3 +85,14 @@ def test_plain_deltas_skip_the_general_path(monkeypatch):
         monkeypatch.setattr(fmt, "stream_chunks", None)  # calling it would raise
         assert fmt.stream_events("r", RequestOutput("r", (7,), ' "é\n'), False) == expected
         assert fmt._template is not None
+
+
+def test_a_model_name_holding_the_slot_marker_takes_the_general_path():
+    body = SimpleNamespace(logprobs=None, echo=False, return_tokens_as_token_ids=False)
+    model = "\x00spectest-text\x00"  # the whole string: its JSON token is the slot's
+    fmt, reference = ChatFormat(Tok(), model, body), ChatFormat(Tok(), model, body)
+    reference.created = fmt.created
+    out = RequestOutput("r", (7,), "hi")
+    assert fmt.stream_events("r", out, False) == b"".join(
+        sse(c) for c in reference.stream_chunks("r", out, False))
+    assert fmt._template == ()
