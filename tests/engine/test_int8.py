@@ -17,6 +17,7 @@ from spectest.engine.api import build_engine, companion_draft, resolve_model_pat
 from spectest.engine.gguf_loader import find_smollm2
 from spectest.engine.int8 import Int8Linear, quantize_int8, should_quantize
 from spectest.engine.loader import CheckpointError, load_checkpoint
+from spectest.engine.model import RowSpans
 from spectest.engine.policies import FixedK
 from spectest.engine.requests import GenerationRequest
 from spectest.engine.sampling import SamplingParams
@@ -43,6 +44,30 @@ def test_int8_linear_rows_do_not_depend_on_their_batch():
     exact = torch.nn.functional.linear(x, weight, bias)
     err = (together - exact).norm(dim=-1) / exact.norm(dim=-1)
     assert float(err.max()) < 0.03  # 8-bit weights and activations: ~1 % relative error
+
+
+@pytest.mark.parametrize("heads, kv_heads", [(9, 3), (4, 2), (2, 1), (4, 4)])
+def test_row_exact_attention_verify_rows_equal_one_token_steps(heads, kv_heads):
+    """A verify of K+1 queries (and a batch of rows with different lengths) gives each query
+    the bits a one-token step of its row gives (batched matmuls do not: measured, MKL picks
+    kernels by row count, so 2-head groups differed on every query)."""
+    gen = torch.Generator().manual_seed(heads)
+    B, T, S, hd = 3, 5, 700, 64
+    keys = torch.randn(B, S, kv_heads, hd, generator=gen).transpose(1, 2)  # cache layout
+    values = torch.randn(B, S, kv_heads, hd, generator=gen).transpose(1, 2)
+    q = torch.randn(B, T, heads, hd, generator=gen).transpose(1, 2)  # [B, H, T, hd]
+    starts = (1, 130, 640)
+    spans = RowSpans(tuple(tuple(s + t + 1 for t in range(T)) for s in starts))
+    together = spans.attend(q, keys, values, heads != kv_heads)  # [B, H, T, hd]
+    for b, start in enumerate(starts):
+        for t in range(T):
+            alone = RowSpans(((start + t + 1,),)).attend(
+                q[b:b + 1, :, t:t + 1], keys[b:b + 1], values[b:b + 1], heads != kv_heads)
+            assert torch.equal(alone[0, :, 0], together[b, :, t])
+            reference = torch.nn.functional.scaled_dot_product_attention(
+                q[b:b + 1, :, t:t + 1], keys[b:b + 1, :, :start + t + 1],
+                values[b:b + 1, :, :start + t + 1], enable_gqa=heads != kv_heads)
+            torch.testing.assert_close(alone[0, :, 0], reference[0, :, 0])
 
 
 def test_prefill_sized_inputs_are_not_hoarded():
