@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from spectest.audit import distribution as D
 from spectest.audit import distribution_check as C
 from spectest.audit import greedy
-from spectest.audit.logprobs import shared_kl
+from spectest.audit.logprobs import PositionDiff, Thresholds, check, rank_for, shared_kl
+from spectest.audit.noise import NoiseFloor
 from spectest.audit.samples import AuditError, Completion, Position, PromptCase, parse_logprobs
 from spectest.engine.sampling import probs_from_logits
 
@@ -220,3 +221,27 @@ def test_a_lossy_threshold_shift_is_caught_by_the_calibration_statistic():
     cal = r.later.pit.calibration
     assert max(cal.z) == max(cal.z[3], cal.z[4])  # the 0.1-0.2 or 0.2-0.4 bin
     assert "over-chosen at speculated positions" in r.cause() and "lossy" in r.cause()
+
+
+def _diffs(kls):
+    return [PositionDiff("p", i, 0, kl, kl, False, True) for i, kl in enumerate(kls)]
+
+
+def test_a_maximum_widened_to_the_floor_is_judged_at_the_floors_sample_size():
+    floor = NoiseFloor(positions=96, max_abs_logprob=0.3, mean_kl=0.01, max_kl=0.075,
+                       top1_disagreement=0.0, p95_kl=0.03)
+    widened, _ = floor.widen(Thresholds(), tie_tolerance=0.01)
+    assert (widened.max_kl, widened.max_kl_over) == (0.15, 96)
+    assert (widened.max_abs_logprob, widened.max_abs_logprob_over) == (0.6, 96)
+    # 480 positions against a floor over 96: the 5th largest stands for the floor's maximum
+    four_high = _diffs([0.2] * 4 + [0.01] * 476)
+    assert rank_for(480, 96) == 5 and check(four_high, widened).passed
+    five_high = _diffs([0.2] * 5 + [0.01] * 475)
+    assert not check(five_high, widened).passed
+    assert "5-th largest" in check(five_high, widened).reason()
+    # the same number of positions as the floor: the plain maximum, as before
+    assert not check(_diffs([0.2] + [0.01] * 95), widened).passed
+    # a configured tolerance the floor did not raise stays a plain maximum
+    strict, _ = floor.widen(Thresholds(max_kl=1.0, max_abs_logprob=5.0), tie_tolerance=0.01)
+    assert (strict.max_kl_over, strict.max_abs_logprob_over) == (0, 0)
+    assert not check(_diffs([1.5] + [0.01] * 479), strict).passed
