@@ -22,9 +22,14 @@ equally exact attention kernels: the floor's max KL over 96 positions read 0.19 
 2 × 0.075 while its 5th largest sat inside it.
 
 How: for every prompt, the baseline's own greedy run (decoded token by token, logprobs as it
-went) is scored again by the baseline from the middle of the run — the second half's prefix
-now arrives as one batch (echo: the whole sequence in one forward; llama.cpp is asked not to
-reuse its prompt cache, or it would return the decoded values it kept). Where both report a
+went) is scored again by the baseline. With echo, the whole run in one forward, every position
+from the first generated token on — the comparison the logprob check makes, whose first
+position is likewise one prefill against another (the middle-only version missed it: on
+int8 SmolLM2 it read max |Δlogprob| 0.36 over 96 second-half positions while the candidate's
+first positions, which no draft touches, moved up to 0.91; over whole runs the floor reads 0.81
+over 192). By generation (llama.cpp), from the middle of the run — the second half's prefix
+now arrives as one batch; llama.cpp is asked not to reuse its prompt cache, or it would return
+the decoded values it kept. Where both report a
 position and the tokens agree, the two readings of the same prefix are compared exactly as the
 logprob check compares candidate and baseline (|Δlogprob| of the emitted token, shared-support
 KL, top-1 disagreement that is not a near-tie).
@@ -92,13 +97,15 @@ async def measure(base: Client, cases: Sequence[PromptCase], runs: Sequence[Comp
                   logprobs: int, tie_tolerance: float) -> NoiseFloor:
     """Re-score the second half of each baseline greedy run and compare (see module doc)."""
     jobs = [(case, run) for case, run in zip(cases, runs) if len(run.tokens) >= MIN_TOKENS]
+    whole = base.routes.echo and base.routes.token_ids  # echo scores the run in one forward
+    starts = [0 if whole else len(run.tokens) // 2 for _, run in jobs]
     rescored = await asyncio.gather(*(
-        scoring.score(base, case, run.tokens, logprobs, start=len(run.tokens) // 2,
-                      pieces=run.pieces, fresh=True) for case, run in jobs))
+        scoring.score(base, case, run.tokens, logprobs, start=start, pieces=run.pieces,
+                      fresh=True) for (case, run), start in zip(jobs, starts)))
     diffs = []
-    for (case, run), again in zip(jobs, rescored):
+    for (case, run), again, start in zip(jobs, rescored, starts):
         n = len(case.ids)
-        for j in range(len(run.tokens) // 2, len(run.tokens)):
+        for j in range(start, len(run.tokens)):
             first, second = run.positions[j], again[n + j]
             if second is None or not first.reported:
                 continue

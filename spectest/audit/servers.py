@@ -31,14 +31,15 @@ class ServerSpec:
     model: str = "embedded"
     draft: str = "auto"
     drafter: str = "draft-model"
-    k: int = 4
+    k: int | None = None  # None: serve's default for the model
     threads: int | None = 1
     extra_args: tuple[str, ...] = ()
 
     def argv(self) -> list[str]:
         argv = [sys.executable, "-m", "spectest", "serve", "--host", "127.0.0.1", "--port", "0",
-                "--model", self.model, "--drafter", self.drafter, "--k", str(self.k),
-                "--drain-seconds", "1"]
+                "--model", self.model, "--drafter", self.drafter, "--drain-seconds", "1"]
+        if self.k is not None:
+            argv += ["--k", str(self.k)]
         if self.drafter in ("draft-model", "eagle"):
             argv += ["--draft", self.draft]
         if self.threads:

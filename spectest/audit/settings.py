@@ -77,14 +77,14 @@ class AuditSettings:
     embedded_model: str = "embedded"
     embedded_draft: str = "auto"
     embedded_drafter: str = "draft-model"
-    embedded_k: int = 4
+    embedded_k: int | None = None  # None: the model's measured default (engine.api.default_k)
     embedded_threads: int | None = 1
 
     def __post_init__(self):
         problems = []
         for name in ("num_prompts", "greedy_tokens", "samples_per_prompt", "sample_tokens",
                      "concurrency", "max_prompt_tokens", "embedded_k"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 problems.append(f"{name.replace('_', '-')} must be >= 1")
         if not 1 <= self.logprobs <= 20:
             problems.append("logprobs must be in 1..20 (the OpenAI limit)")

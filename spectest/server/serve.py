@@ -24,8 +24,8 @@ import torch
 from aiohttp import web
 from prometheus_client import CollectorRegistry, disable_created_metrics
 
-from spectest.engine.api import (COMPANION_DRAFTS, DRAFTERS, build_engine, model_context_length,
-                                 resolve_model_path)
+from spectest.engine.api import (COMPANION_DRAFTS, DRAFTERS, build_engine, default_k,
+                                 model_context_length, resolve_model_path)
 from spectest.engine.control import PolicyOptions
 from spectest.engine.engine import FAULTS
 from spectest.engine.int8 import QUANTIZE_CHOICES
@@ -63,7 +63,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "without drafts (default 5)")
     p.add_argument("--served-model-name", default=None,
                    help="the model id clients send (default: spectest-demo or the dir name)")
-    p.add_argument("--k", type=int, default=4, help="draft length (initial K for adaptive)")
+    p.add_argument("--k", type=int, default=None,
+                   help="draft length (initial K for adaptive; default: the model's measured "
+                        "best, 2 for smollm2, else 4)")
     p.add_argument("--k-policy", choices=POLICIES, default="fixed")
     p.add_argument("--k-min", type=int, default=1)
     p.add_argument("--k-max", type=int, default=8,
@@ -120,10 +122,11 @@ def build_server(args) -> Server:
                          "(faults exist only to test the auditor)")
     torch.set_num_threads(args.threads or default_threads())
     disable_created_metrics()  # no *_created series: they double the scrape for nothing
-    policy = make_policy(args.k_policy, k=args.k, k_min=args.k_min, k_max=args.k_max,
+    k = default_k(args.model) if args.k is None else args.k
+    policy = make_policy(args.k_policy, k=k, k_min=args.k_min, k_max=args.k_max,
                          threshold=args.confidence_threshold, profile=args.profile,
                          disable_above=args.disable_above)
-    k_limit = max(args.k, args.k_max)
+    k_limit = max(k, args.k_max)
     runtime = PolicyOptions(k_min=args.k_min, k_max=k_limit,
                             threshold=args.confidence_threshold, profile=args.profile,
                             disable_above=args.disable_above)

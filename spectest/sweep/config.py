@@ -87,7 +87,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--drafter", default="draft-model", choices=SWEEP_DRAFTERS,
                    help="--embedded: how the server drafts (eagle: the target's EAGLE head, "
                         "e.g. smollm2-eagle for --model smollm2)")
-    g.add_argument("--k", type=int, default=4, help="--embedded: draft length K")
+    g.add_argument("--k", type=int, default=None,
+                   help="--embedded: draft length K (default: the model's measured best, 2 for "
+                        "smollm2, else 4)")
     g.add_argument("--disaggregated", action="store_true",
                    help="--embedded: run the draft in its own `spectest serve-draft` process, "
                         "reached over loopback HTTP (`serve --draft-url`); the report then "
@@ -242,7 +244,8 @@ class SweepConfig:
             raise ConfigError("--step-time must be positive and --warmup at least 0")
         if a.processes < 1:
             raise ConfigError("--processes must be at least 1")
-        if min(a.requests_per_step, a.max_tokens, a.patience) < 0 or a.k < 1:
+        if min(a.requests_per_step, a.max_tokens, a.patience) < 0 or (a.k is not None
+                                                                       and a.k < 1):
             raise ConfigError("--requests-per-step, --max-tokens and --patience must be >= 0, "
                               "--k >= 1")
         for flag in ("slo_ttft_ms", "slo_tpot_ms", "slo_e2el_ms"):
@@ -278,6 +281,14 @@ class SweepConfig:
                    seed=a.seed, max_tokens=a.max_tokens, max_prompt_chars=max_prompt,
                    temperature=a.temperature, patience=a.patience, processes=a.processes,
                    host=a.host.rstrip("/"), baseline_host=a.baseline_host.rstrip("/"),
-                   embedded=embedded, model=a.model, draft=a.draft, drafter=a.drafter, k=a.k,
+                   embedded=embedded, model=a.model, draft=a.draft, drafter=a.drafter,
+                   k=_default_k(a.model) if a.k is None else a.k,
                    disaggregated=a.disaggregated, server_args=tuple(a.server_arg),
                    validate_k=validate, slo=slo, **report)
+
+
+def _default_k(model: str) -> int:
+    """The engine's measured default K for a short-named model (the table lives beside the
+    model names in ``engine.api``; imported here only, as torch comes with it)."""
+    from spectest.engine.api import default_k
+    return default_k(model)

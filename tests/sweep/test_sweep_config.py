@@ -111,6 +111,12 @@ def test_drafter_reaches_the_bundled_server_and_the_config():
     assert cfg().serve_args()[cfg().serve_args().index("--drafter") + 1] == "draft-model"
 
 
+def test_k_defaults_to_the_models_measured_best():
+    smollm2 = cfg("--model", "smollm2")
+    assert smollm2.k == 2 and smollm2.serve_args()[smollm2.serve_args().index("--k") + 1] == "2"
+    assert cfg().k == 4 and cfg("--model", "smollm2", "--k", "5").k == 5
+
+
 def test_sweep_drafters_are_engine_drafters_that_draft():
     from spectest.engine.api import DRAFTERS
     assert set(C.SWEEP_DRAFTERS) == set(DRAFTERS) - {"none"}
