@@ -21,7 +21,7 @@ that ``spectest train-draft`` held out (never trained on); no transformers peer 
 SmolLM2 in fp32).
 
     python benchmarks/engine_speedup.py [--pair embedded|smollm2] [--prompts 6]
-                                        [--max-tokens 128] [--k 4]
+                                        [--max-tokens 128] [--k K]
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from spectest.engine.api import MODELS_DIR, build_engine
+from spectest.engine.api import MODELS_DIR, build_engine, default_k
 from spectest.engine.policies import FixedK
 from spectest.engine.requests import GenerationRequest
 from spectest.engine.sampling import SamplingParams
@@ -190,7 +190,8 @@ def main() -> None:
     ap.add_argument("--pair", choices=("embedded", "smollm2"), default="embedded")
     ap.add_argument("--prompts", type=int, default=6, help="prompts per workload")
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--k", type=int, default=None,
+                    help="draft length (default: each drafter's for the pair, engine.api.default_k)")
     ap.add_argument("--max-prompt", type=int, default=None,
                     help="longest prompt in tokens (default: all that fit the model's context "
                          "with the output, e.g. every bundled RAG record on the embedded pair)")
@@ -201,13 +202,16 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    k = args.k
+    def k_for(drafter: str) -> int:
+        return default_k(args.pair, drafter) if args.k is None else args.k
+    k = k_for("draft-model")
     smollm2 = args.pair == "smollm2"
     batches = args.batches or ("1,4,8" if smollm2 else "1,4,16,32")
     slots = max(int(b) for b in batches.split(","))
-    arms = [("target-only", "none", 0), ("draft-model", "draft-model", k), ("ngram", "ngram", k)]
+    arms = [("target-only", "none", 0), ("draft-model", "draft-model", k),
+            ("ngram", "ngram", k_for("ngram"))]
     if smollm2 and (MODELS_DIR / "smollm2-eagle").is_dir():
-        arms.append(("eagle", "eagle", k))
+        arms.append(("eagle", "eagle", k_for("eagle")))
     engines = {name: build_engine(args.pair, drafter=drafter, policy=FixedK(kk),
                                   max_num_seqs=slots)
                for name, drafter, kk in arms}
@@ -218,7 +222,8 @@ def main() -> None:
     rows = []
     pick = held_out_prompts if smollm2 else prompts_for
     context = engines["target-only"].config.scheduler.max_model_len
-    max_prompt = args.max_prompt or context - args.max_tokens - k - 1
+    arm_k = {name: kk for name, _, kk in arms}
+    max_prompt = args.max_prompt or context - args.max_tokens - max(arm_k.values()) - 1
     prompt_sets = {c: pick(tok, c, args.prompts, max_prompt)
                    for c in ("chat", "code", "rag")}
     if not smollm2:
@@ -230,13 +235,14 @@ def main() -> None:
                 run(engine, prompts[:1], 8, temperature)  # warm-up
                 tokens, seconds, records, stats = run(engine, prompts, args.max_tokens,
                                                       temperature)
-                row = summarize(name, category, temperature, tokens, seconds, records, k, stats)
+                row = summarize(name, category, temperature, tokens, seconds, records,
+                                arm_k[name], stats)
                 if name == "target-only":
                     base = row
                 row["speedup"] = round(row["decode_tok_s"] / base["decode_tok_s"], 3)
                 row["wall_speedup"] = round(row["tok_s"] / base["tok_s"], 3)
-                row["predicted"] = predicted_speedup(row, base, k) if name != "target-only" \
-                    else 1.0
+                row["predicted"] = (predicted_speedup(row, base, arm_k[name])
+                                    if name != "target-only" else 1.0)
                 rows.append(row)
                 print(f"{category:5s} T={temperature} {name:12s} decode "
                       f"{row['decode_tok_s']:7.1f} tok/s, speedup {row['speedup']:.2f} "

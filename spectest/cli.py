@@ -44,7 +44,7 @@ def _train_eagle(args) -> int:
 
 def _generate(args) -> int:
     from spectest.engine.api import Engine, default_k
-    k = default_k(args.model) if args.k is None else args.k
+    k = default_k(args.model, args.drafter) if args.k is None else args.k
     engine = Engine.from_pretrained(args.model, args.draft, drafter=args.drafter, k=k,
                                     quantize=args.quantize)
     for prompt in args.prompt or ["def fibonacci(n):"]:
@@ -126,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drafter", default="draft-model", choices=DRAFTERS)
     p.add_argument("--quantize", choices=QUANTIZE_CHOICES, default="auto")
     p.add_argument("--k", type=int, default=None,
-                   help="draft length (default: the model's measured best, 2 for smollm2, else 4)")
+                   help="draft length (default: the measured best for the model and drafter, "
+                        "engine.api.DEFAULT_K; else 4)")
     p.add_argument("--chat", action="store_true")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)

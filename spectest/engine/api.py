@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spectest.engine.control import PolicyOptions, control_for
-from spectest.engine.drafters import DraftModelDrafter, Drafter, NGramDrafter, NoDrafter
+from spectest.engine.drafters import (NGRAM_MIN, DraftModelDrafter, Drafter, NGramDrafter,
+                                      NoDrafter)
 from spectest.engine.eagle import EagleDrafter, load_eagle
 from spectest.engine.engine import EngineConfig, SpecEngine
 from spectest.engine.gguf_loader import find_smollm2
@@ -36,18 +37,19 @@ COMPANION_DRAFTS = {"embedded": "embedded-draft", "embedded-target": "embedded-d
                     "smollm2": "smollm2-draft"}
 COMPANION_EAGLES = {"smollm2": "smollm2-eagle"}
 BUILT_IN_REPO = {"smollm2-draft": "train-draft", "smollm2-eagle": "train-eagle"}
-# the draft length K a short-named target speculates with when --k is not given, measured
-# (benchmarks/engine_speedup.py, greedy, batch 1, held-out records, 6 per workload): int8
-# SmolLM2 accepts little of any of its drafts, so short rounds pay — K = 2 against K = 4:
+# the draft length K a short-named target speculates with, per drafter, when --k is not given,
+# measured (benchmarks/engine_speedup.py, greedy, batch 1, held-out records, 6 per workload):
+# int8 SmolLM2 accepts little of its model drafts, so short rounds pay — K = 2 against K = 4:
 # EAGLE 1.02 / 1.20 / 1.07× (chat / code / RAG) against 0.86 / 1.09 / 0.92×, draft model
-# 0.88 / 1.07 / 1.06× against 0.72 / 0.92 / 0.85×, n-gram 0.98 / 1.21 / 1.02× against
-# 0.94 / 1.22 / 0.89×. Others: 4 (the embedded pair accepts ~0.6 a token).
-DEFAULT_K = {"smollm2": 2}
+# 0.88 / 1.07 / 1.06× against 0.72 / 0.92 / 0.85×; its n-gram drafts (3-token matches) pay
+# best at 4 (1.11 / 1.35 / 1.09× against 1.11 / 1.28 / 1.08× at 2). Others: 4.
+DEFAULT_K = {("smollm2", "draft-model"): 2, ("smollm2", "eagle"): 2}
 
 
-def default_k(target: str | Path) -> int:
-    """``--k`` when not given: the target's measured best draft length, else 4."""
-    return DEFAULT_K.get(str(target), 4)
+def default_k(target: str | Path, drafter: str = "draft-model") -> int:
+    """``--k`` when not given: the measured best draft length for this target and drafter,
+    else 4."""
+    return DEFAULT_K.get((str(target), drafter), 4)
 
 
 def resolve_model_path(name: str | Path) -> Path:
@@ -98,7 +100,7 @@ def companion_draft(target: str | Path, drafter: str = "draft-model") -> str:
 
 
 def make_drafter(kind: str, draft: LoadedModel | None, n_slots: int, max_len: int,
-                 ngram_max: int = 4, ngram_min: int = 1) -> Drafter:
+                 ngram_max: int = 4, ngram_min: int = NGRAM_MIN) -> Drafter:
     if kind == "draft-model":
         if draft is None:
             raise ValueError("the draft-model drafter needs a draft checkpoint")
@@ -125,7 +127,7 @@ def build_engine(target: str | Path = "embedded", draft: str | Path | None = "au
                  max_num_seqs: int = 8, max_model_len: int | None = None,
                  max_waiting: int = 256,
                  faults: frozenset[str] = frozenset(), ngram_max: int = 4,
-                 ngram_min: int = 1, k_reserve: int = 0,
+                 ngram_min: int = NGRAM_MIN, k_reserve: int = 0,
                  policy_options: PolicyOptions | None = None,
                  drafter_instance: Drafter | None = None,
                  quantize: str = "auto") -> SpecEngine:

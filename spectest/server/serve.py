@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, disable_created_metrics
 from spectest.engine.api import (COMPANION_DRAFTS, DRAFTERS, build_engine, default_k,
                                  model_context_length, resolve_model_path)
 from spectest.engine.control import PolicyOptions
+from spectest.engine.drafters import NGRAM_MIN
 from spectest.engine.engine import FAULTS
 from spectest.engine.int8 import QUANTIZE_CHOICES
 from spectest.engine.policies import POLICIES, make_policy
@@ -64,8 +65,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--served-model-name", default=None,
                    help="the model id clients send (default: spectest-demo or the dir name)")
     p.add_argument("--k", type=int, default=None,
-                   help="draft length (initial K for adaptive; default: the model's measured "
-                        "best, 2 for smollm2, else 4)")
+                   help="draft length (initial K for adaptive; default: the measured best for "
+                        "the model and drafter: 2 for smollm2 with a draft model or EAGLE, else "
+                        "4)")
     p.add_argument("--k-policy", choices=POLICIES, default="fixed")
     p.add_argument("--k-min", type=int, default=1)
     p.add_argument("--k-max", type=int, default=8,
@@ -76,7 +78,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--disable-above", type=int, default=None,
                    help="no speculation when more than N requests are running")
     p.add_argument("--ngram-max", type=int, default=4)
-    p.add_argument("--ngram-min", type=int, default=1)
+    p.add_argument("--ngram-min", type=int, default=NGRAM_MIN,
+                   help=f"shortest suffix match that proposes drafts (default {NGRAM_MIN})")
     p.add_argument("--max-num-seqs", type=int, default=8)
     p.add_argument("--max-model-len", type=int, default=None,
                    help="KV positions per sequence, prompt + output (default: the context the "
@@ -122,7 +125,7 @@ def build_server(args) -> Server:
                          "(faults exist only to test the auditor)")
     torch.set_num_threads(args.threads or default_threads())
     disable_created_metrics()  # no *_created series: they double the scrape for nothing
-    k = default_k(args.model) if args.k is None else args.k
+    k = default_k(args.model, args.drafter) if args.k is None else args.k
     policy = make_policy(args.k_policy, k=k, k_min=args.k_min, k_max=args.k_max,
                          threshold=args.confidence_threshold, profile=args.profile,
                          disable_above=args.disable_above)

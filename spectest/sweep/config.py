@@ -88,8 +88,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--embedded: how the server drafts (eagle: the target's EAGLE head, "
                         "e.g. smollm2-eagle for --model smollm2)")
     g.add_argument("--k", type=int, default=None,
-                   help="--embedded: draft length K (default: the model's measured best, 2 for "
-                        "smollm2, else 4)")
+                   help="--embedded: draft length K (default: the measured best for the model "
+                        "and drafter, 2 for smollm2 with a draft model or EAGLE, else 4)")
     g.add_argument("--disaggregated", action="store_true",
                    help="--embedded: run the draft in its own `spectest serve-draft` process, "
                         "reached over loopback HTTP (`serve --draft-url`); the report then "
@@ -282,13 +282,13 @@ class SweepConfig:
                    temperature=a.temperature, patience=a.patience, processes=a.processes,
                    host=a.host.rstrip("/"), baseline_host=a.baseline_host.rstrip("/"),
                    embedded=embedded, model=a.model, draft=a.draft, drafter=a.drafter,
-                   k=_default_k(a.model) if a.k is None else a.k,
+                   k=_default_k(a.model, a.drafter) if a.k is None else a.k,
                    disaggregated=a.disaggregated, server_args=tuple(a.server_arg),
                    validate_k=validate, slo=slo, **report)
 
 
-def _default_k(model: str) -> int:
-    """The engine's measured default K for a short-named model (the table lives beside the
-    model names in ``engine.api``; imported here only, as torch comes with it)."""
+def _default_k(model: str, drafter: str) -> int:
+    """The engine's measured default K for a short-named model and drafter (the table lives
+    beside the model names in ``engine.api``; imported here only, as torch comes with it)."""
     from spectest.engine.api import default_k
-    return default_k(model)
+    return default_k(model, drafter)
