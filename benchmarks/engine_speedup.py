@@ -124,9 +124,20 @@ def summarize(name, category, temperature, tokens, seconds, records, k, stats):
         "draft_ms_per_token": round(statistics.mean(r.draft_seconds / max(1, max(
             x.k_proposed for x in r.rows)) for r in spec_rounds) * 1e3, 3) if spec_rounds else None,
         "verify_ms": round(statistics.mean(r.verify_seconds for r in records) * 1e3, 3),
+        # n-gram drafting proposes only where a suffix matches: the rest are plain steps
+        "draft_share": round(len(spec_rounds) / len(records), 3) if records else None,
+        "verify_ms_drafting": _mean_ms(r.verify_seconds for r in spec_rounds),
+        "verify_ms_plain": _mean_ms(r.verify_seconds for r in records
+                                    if not any(x.k_proposed for x in r.rows)),
+        "draft_ms_round": _mean_ms(r.draft_seconds for r in records),
         "round_ms": round(decode_s / max(1, len(records)) * 1e3, 3),
         "k": k if name != "target-only" else 0,
     }
+
+
+def _mean_ms(seconds) -> float | None:
+    seconds = list(seconds)
+    return round(statistics.mean(seconds) * 1e3, 3) if seconds else None
 
 
 def implied_alpha(mean_accepted_length: float, k: int) -> float:
@@ -144,20 +155,30 @@ def implied_alpha(mean_accepted_length: float, k: int) -> float:
 
 
 def predicted_speedup(row, base_row, k):
-    """E × T_target_step / (K·T_draft_step + T_verify(K+1) + per-round overhead).
+    """E × T_target_step / (T_draft + T_verify(K+1) + per-round overhead), over the share f of
+    rounds that drafted; the other rounds are plain steps (1 token, a one-token verify):
 
-    α is the i.i.d. acceptance implied by the measured mean accepted length; T_target_step is
-    the baseline's round time; the per-round bookkeeping (sampling, emission) measured on the
-    baseline (round − verify) is charged to the speculative round as well.
+        tokens/round = f·E + (1 − f),  round = f·T_verify(K+1) + (1 − f)·T_verify(1)
+                                               + T_draft (every round, a failed lookup too)
+                                               + overhead
+
+    α is the i.i.d. acceptance implied by the measured mean accepted length of the drafting
+    rounds; T_target_step is the baseline's round time; the per-round bookkeeping (sampling,
+    emission) measured on the baseline (round − verify) is charged to every round as well.
+    With f = 1 this is the textbook E × T_step / (K·T_draft + T_verify(K+1)).
     """
     if row["mean_accepted_length"] is None:
         return None
     alpha = implied_alpha(row["mean_accepted_length"], k)
     row["alpha_iid"] = round(alpha, 3)
     expected = (1 - alpha ** (k + 1)) / (1 - alpha)
+    share = row["draft_share"]
     overhead = base_row["round_ms"] - base_row["verify_ms"]
-    cost = k * (row["draft_ms_per_token"] or 0) + row["verify_ms"] + overhead
-    return round(expected * base_row["round_ms"] / cost, 3)
+    plain_verify = row["verify_ms_plain"] or base_row["verify_ms"]
+    cost = (share * row["verify_ms_drafting"] + (1 - share) * plain_verify
+            + (row["draft_ms_round"] or 0) + overhead)
+    tokens = share * expected + (1 - share)
+    return round(tokens * base_row["round_ms"] / cost, 3)
 
 
 def hf_peer(prompts, max_tokens, k):
