@@ -54,7 +54,7 @@ from spectest.audit.client import Client
 from spectest.audit.logprobs import Thresholds, compare
 from spectest.audit.samples import Completion, PromptCase
 
-FACTOR = 2.0  # tolerances widen to FACTOR × the measured floor (a max over fewer positions)
+FACTOR = 2.0  # tolerances widen to FACTOR × the measured floor (maxima rank-matched: rank_for)
 MIN_TOKENS = 4  # runs shorter than this are not re-scored
 
 
