@@ -176,8 +176,17 @@ class LogprobResult:
         a = self.all
         figures = (f"{a.positions} positions, mean KL {a.mean_kl:.2g}, max KL {a.max_kl:.2g}, "
                    f"max |Δlogprob| {a.max_abs_logprob:.2g}, top-1 agreement "
-                   f"{100 * (1 - a.top1_disagreement):.2f}%")
+                   f"{100 * (1 - a.top1_disagreement):.2f}%{self._ranked(a)}")
         return figures if self.passed else f"{'; '.join(a.breaches(self.thresholds))} ({figures})"
+
+    def _ranked(self, a: Segment) -> str:
+        """What the maxima were judged by when they are rank-matched to the noise floor."""
+        if a.kl_rank == 1 and a.abs_rank == 1:
+            return ""
+        floor = max(self.thresholds.max_kl_over, self.thresholds.max_abs_logprob_over)
+        return (f"; judged by the {a.kl_rank}-th largest KL, {a.ranked_kl:.2g}, and the "
+                f"{a.abs_rank}-th largest |Δlogprob|, {a.ranked_abs_logprob:.2g} (the maxima "
+                f"matched to the noise floor's {floor} positions)")
 
 
 def check(diffs: Sequence[PositionDiff], thresholds: Thresholds, n_worst: int = 10

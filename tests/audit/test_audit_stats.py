@@ -236,6 +236,10 @@ def test_a_maximum_widened_to_the_floor_is_judged_at_the_floors_sample_size():
     # 480 positions against a floor over 96: the 5th largest stands for the floor's maximum
     four_high = _diffs([0.2] * 4 + [0.01] * 476)
     assert rank_for(480, 96) == 5 and check(four_high, widened).passed
+    # a pass whose plain maximum is above the tolerance says what it was judged by
+    assert "max KL 0.2" in check(four_high, widened).reason()
+    assert ("judged by the 5-th largest KL, 0.01" in check(four_high, widened).reason()
+            and "noise floor's 96 positions" in check(four_high, widened).reason())
     five_high = _diffs([0.2] * 5 + [0.01] * 475)
     assert not check(five_high, widened).passed
     assert "5-th largest" in check(five_high, widened).reason()
