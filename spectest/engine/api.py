@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spectest.engine.control import PolicyOptions, control_for
-from spectest.engine.drafters import (NGRAM_MIN, DraftModelDrafter, Drafter, NGramDrafter,
-                                      NoDrafter)
+from spectest.engine.drafters import (NGRAM_MAX, NGRAM_MIN, DraftModelDrafter, Drafter,
+                                      NGramDrafter, NoDrafter)
 from spectest.engine.eagle import EagleDrafter, load_eagle
 from spectest.engine.engine import EngineConfig, SpecEngine
 from spectest.engine.gguf_loader import find_smollm2
@@ -44,6 +44,13 @@ BUILT_IN_REPO = {"smollm2-draft": "train-draft", "smollm2-eagle": "train-eagle"}
 # 0.88 / 1.07 / 1.06× against 0.72 / 0.92 / 0.85×; its n-gram drafts (3-token matches) pay
 # best at 4 (1.11 / 1.35 / 1.09× against 1.11 / 1.28 / 1.08× at 2). Others: 4.
 DEFAULT_K = {("smollm2", "draft-model"): 2, ("smollm2", "eagle"): 2}
+
+
+def describe_default_k() -> str:
+    """``DEFAULT_K`` in words, for ``--k``'s help."""
+    rows = ", ".join(f"{k} for {model} with {drafter}"
+                     for (model, drafter), k in sorted(DEFAULT_K.items()))
+    return f"{rows}, else 4"
 
 
 def default_k(target: str | Path, drafter: str = "draft-model") -> int:
@@ -100,7 +107,7 @@ def companion_draft(target: str | Path, drafter: str = "draft-model") -> str:
 
 
 def make_drafter(kind: str, draft: LoadedModel | None, n_slots: int, max_len: int,
-                 ngram_max: int = 4, ngram_min: int = NGRAM_MIN) -> Drafter:
+                 ngram_max: int = NGRAM_MAX, ngram_min: int = NGRAM_MIN) -> Drafter:
     if kind == "draft-model":
         if draft is None:
             raise ValueError("the draft-model drafter needs a draft checkpoint")
@@ -126,7 +133,7 @@ def build_engine(target: str | Path = "embedded", draft: str | Path | None = "au
                  drafter: str = "draft-model", policy: KPolicy | None = None,
                  max_num_seqs: int = 8, max_model_len: int | None = None,
                  max_waiting: int = 256,
-                 faults: frozenset[str] = frozenset(), ngram_max: int = 4,
+                 faults: frozenset[str] = frozenset(), ngram_max: int = NGRAM_MAX,
                  ngram_min: int = NGRAM_MIN, k_reserve: int = 0,
                  policy_options: PolicyOptions | None = None,
                  drafter_instance: Drafter | None = None,

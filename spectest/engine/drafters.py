@@ -97,6 +97,10 @@ class NoDrafter:
 # 0.20 → 0.64 / 0.69 / 0.58 at 1.34 / 1.32 / 1.18× → 1.31 / 1.31 / 1.23× (within run noise).
 # A one-token match proposes on almost every round and is mostly wrong.
 NGRAM_MIN = 3
+# longest suffix tried first; 8 or 16 picked no better matches on RAG and cost more lookup
+# time (benchmarks/engine_speedup.py --pair embedded --batches 1, greedy: RAG acceptance
+# 0.58 / 0.58 / 0.61 and speedup 1.19 / 1.11 / 1.03× at 4 / 8 / 16)
+NGRAM_MAX = 4
 
 
 class NGramDrafter:
@@ -104,7 +108,7 @@ class NGramDrafter:
 
     name = "ngram"
 
-    def __init__(self, max_n: int = 4, min_n: int = NGRAM_MIN):
+    def __init__(self, max_n: int = NGRAM_MAX, min_n: int = NGRAM_MIN):
         if not 1 <= min_n <= max_n:
             raise ValueError("need 1 <= min_n <= max_n")
         self.max_n, self.min_n = max_n, min_n

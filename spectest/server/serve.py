@@ -25,9 +25,10 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, disable_created_metrics
 
 from spectest.engine.api import (COMPANION_DRAFTS, DRAFTERS, build_engine, default_k,
-                                 model_context_length, resolve_model_path)
+                                 describe_default_k, model_context_length,
+                                 resolve_model_path)
 from spectest.engine.control import PolicyOptions
-from spectest.engine.drafters import NGRAM_MIN
+from spectest.engine.drafters import NGRAM_MAX, NGRAM_MIN
 from spectest.engine.engine import FAULTS
 from spectest.engine.int8 import QUANTIZE_CHOICES
 from spectest.engine.policies import POLICIES, make_policy
@@ -66,8 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the model id clients send (default: spectest-demo or the dir name)")
     p.add_argument("--k", type=int, default=None,
                    help="draft length (initial K for adaptive; default: the measured best for "
-                        "the model and drafter: 2 for smollm2 with a draft model or EAGLE, else "
-                        "4)")
+                        f"the model and drafter: {describe_default_k()})")
     p.add_argument("--k-policy", choices=POLICIES, default="fixed")
     p.add_argument("--k-min", type=int, default=1)
     p.add_argument("--k-max", type=int, default=8,
@@ -77,7 +77,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="profile JSON from `spectest profile` (goodput policy)")
     p.add_argument("--disable-above", type=int, default=None,
                    help="no speculation when more than N requests are running")
-    p.add_argument("--ngram-max", type=int, default=4)
+    p.add_argument("--ngram-max", type=int, default=NGRAM_MAX)
     p.add_argument("--ngram-min", type=int, default=NGRAM_MIN,
                    help=f"shortest suffix match that proposes drafts (default {NGRAM_MIN})")
     p.add_argument("--max-num-seqs", type=int, default=8)

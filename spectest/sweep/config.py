@@ -89,7 +89,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "e.g. smollm2-eagle for --model smollm2)")
     g.add_argument("--k", type=int, default=None,
                    help="--embedded: draft length K (default: the measured best for the model "
-                        "and drafter, 2 for smollm2 with a draft model or EAGLE, else 4)")
+                        "and drafter, engine.api.DEFAULT_K; else 4)")
     g.add_argument("--disaggregated", action="store_true",
                    help="--embedded: run the draft in its own `spectest serve-draft` process, "
                         "reached over loopback HTTP (`serve --draft-url`); the report then "
