@@ -8,6 +8,8 @@ Does not know: how the figures were measured (``train.py`` measures them).
 from __future__ import annotations
 
 import json
+import os
+import platform
 from pathlib import Path
 
 
@@ -167,7 +169,7 @@ docstrings. By source: {sources}.
 3. Stored as fp16 safetensors (Hugging Face layout: `transformers` loads it) and as Q8_0 GGUF
    with SmolLM2's tokenizer metadata copied verbatim.
 
-Time on this machine: SmolLM2's answers {f['teacher_seconds'] / 60:.1f} min, training
+Time on this machine{f" ({f['cpu']})" if f.get('cpu') else ''}: SmolLM2's answers {f['teacher_seconds'] / 60:.1f} min, training
 {f['train_seconds'] / 60:.1f} min, {f['total_seconds'] / 60:.1f} min in all.
 
 ## Rebuild
@@ -188,6 +190,16 @@ def _write(out_dir: Path, text: str) -> Path:
 
 def write_draft_card(out_dir: Path, figures: dict) -> Path:
     return _write(out_dir, render_draft(figures))
+
+
+def cpu_name() -> str:
+    """The machine's CPU model and core count, for "time on this machine" lines."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        name = next(ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        name = platform.processor() or platform.machine()
+    return f"{name}, {os.cpu_count()} cores"
 
 
 def render_eagle(f: dict) -> str:
@@ -228,17 +240,20 @@ that divided by {k} (the engine's acceptance rate at K = {k}).
 {rows}
 
 ## Data and recipe (seed {r['seed']}, {f['threads']} thread(s))
-SmolLM2's greedy answers to `spectest train-draft`'s training prompts (the same set and cache;
-held-out workload records excluded), {f['train_sequences']} sequences, {f['train_positions']}
-positions with their features. {r['epochs']} epochs, batches of about {r['batch_tokens']}
+SmolLM2's greedy answers to training prompts drawn as `spectest train-draft` draws them (the
+workloads' training records, {r.get('qa_prompts', '-')} closed-book questions, {r.get('passage_prompts', '-')} questions
+over passages, {r.get('open_prompts', '-')} open tasks, {r.get('code_prompts', '-')} code tasks,
+{r.get('corpus_prompts', '-')} corpus windows; answers already in the teacher cache are
+reused; held-out workload records excluded),
+{f['train_sequences']} sequences, {f['train_positions']} positions with their features. {r['epochs']} epochs, batches of about {r['batch_tokens']}
 tokens, AdamW (peak {r['lr']}, cosine); every position is a base of a {r['depth']}-step chain
 unrolled in training, each step fed the head's own previous guess (as drafting does); loss
 {r['feature_weight']} × smooth-L1 to SmolLM2's next feature + {r['token_weight']} ×
 cross-entropy to SmolLM2's next-token distribution, uniform noise ±{r['noise']} on the input
 features.
 
-Time on this machine: SmolLM2's answers {f['teacher_seconds'] / 60:.1f} min (0 when reused
-from train-draft's cache), features {f['feature_seconds'] / 60:.1f} min{reused}, training
+Time on this machine{f" ({f['cpu']})" if f.get('cpu') else ''}: SmolLM2's answers {f['teacher_seconds'] / 60:.1f} min (only those not
+already in the teacher cache), features {f['feature_seconds'] / 60:.1f} min{reused}, training
 {f['train_seconds'] / 60:.1f} min, {f['total_seconds'] / 60:.1f} min in all.
 
 ## Rebuild

@@ -264,15 +264,11 @@ def load_teacher() -> LoadedModel:
     return target
 
 
-def teacher_answers(target: LoadedModel, r: DraftRecipe, teacher_cache: Path | None = None,
-                    progress=print) -> tuple[teacher.TeacherData, float]:
-    """SmolLM2's answers to the recipe's training prompts (from ``teacher_cache`` when it
-    exists; written there otherwise) and the seconds spent generating them."""
-    tok = target.tokenizer
-    if teacher_cache is not None and teacher_cache.is_file():
-        data = teacher.TeacherData.load(teacher_cache)
-        progress(f"SmolLM2's answers from {teacher_cache} ({len(data.prompts)} prompts)")
-        return data, 0.0
+def training_prompts(tok, r: DraftRecipe) -> list[teacher.Prompt]:
+    """The recipe's training prompts: the workloads' training records, corpus windows and
+    the extra prompts (larger counts keep the smaller set's workload records, corpus
+    windows, questions, passages and open tasks; its code tasks are drawn after the open
+    tasks, so they differ)."""
     prompts = []
     for workload in teacher.WORKLOADS:
         prompts += teacher.workload_prompts(tok, workload, held=False)[:r.workload_prompts]
@@ -280,14 +276,40 @@ def teacher_answers(target: LoadedModel, r: DraftRecipe, teacher_cache: Path | N
     prompts += teacher.rendered_extra_prompts(tok, {
         "qa": r.qa_prompts, "passages": r.passage_prompts, "open": r.open_prompts,
         "code": r.code_prompts}, r.seed)
-    progress(f"generating SmolLM2's answers to {len(prompts)} prompts")
-    g0 = time.perf_counter()
-    data = teacher.generate(target.model, prompts, tok.eos_token_ids, r.answer_tokens,
-                            r.top_k, batch=r.teacher_batch, progress=progress)
-    if teacher_cache is not None:
-        teacher_cache.parent.mkdir(parents=True, exist_ok=True)
-        data.save(teacher_cache)
-    return data, time.perf_counter() - g0
+    return prompts
+
+
+def teacher_answers(target: LoadedModel, r: DraftRecipe, teacher_cache: Path | None = None,
+                    progress=print) -> tuple[teacher.TeacherData, float]:
+    """SmolLM2's answers to the recipe's training prompts and the seconds spent generating
+    them. With ``teacher_cache``, answers it already holds (same record, same prompt tokens)
+    are reused and only the missing ones generated; the cache is then rewritten with both,
+    so ``train-draft`` and ``train-eagle`` (which asks for more prompts) share one file."""
+    tok = target.tokenizer
+    prompts = training_prompts(tok, r)
+    have = teacher.TeacherData([], [], [], [])
+    if teacher_cache is not None and teacher_cache.is_file():
+        have = teacher.TeacherData.load(teacher_cache)
+    where = {(p.record_id, p.ids): i for i, p in enumerate(have.prompts)}
+    missing = list({(p.record_id, p.ids): p for p in prompts if (p.record_id, p.ids)
+                    not in where}.values())
+    seconds = 0.0
+    if missing:
+        progress(f"generating SmolLM2's answers to {len(missing)} prompts"
+                 + (f" ({len(prompts) - len(missing)} reused from {teacher_cache})"
+                    if len(missing) < len(prompts) else ""))
+        g0 = time.perf_counter()
+        new = teacher.generate(target.model, missing, tok.eos_token_ids, r.answer_tokens,
+                               r.top_k, batch=r.teacher_batch, progress=progress)
+        seconds = time.perf_counter() - g0
+        have = have + new
+        where = {(p.record_id, p.ids): i for i, p in enumerate(have.prompts)}
+        if teacher_cache is not None:
+            teacher_cache.parent.mkdir(parents=True, exist_ok=True)
+            have.save(teacher_cache)
+    else:
+        progress(f"SmolLM2's answers to all {len(prompts)} prompts from {teacher_cache}")
+    return have.pick([where[(p.record_id, p.ids)] for p in prompts]), seconds
 
 
 def train_smollm2_draft(out: Path, r: DraftRecipe, teacher_cache: Path | None = None,

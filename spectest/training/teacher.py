@@ -150,6 +150,17 @@ class TeacherData:
     def answer_tokens(self) -> int:
         return sum(len(t) for t in self.top_ids)
 
+    def pick(self, indices: list[int]) -> "TeacherData":
+        """The sequences at ``indices``, in that order."""
+        return TeacherData([self.prompts[i] for i in indices],
+                           [self.tokens[i] for i in indices],
+                           [self.top_ids[i] for i in indices],
+                           [self.top_logprobs[i] for i in indices])
+
+    def __add__(self, other: "TeacherData") -> "TeacherData":
+        return TeacherData(self.prompts + other.prompts, self.tokens + other.tokens,
+                           self.top_ids + other.top_ids, self.top_logprobs + other.top_logprobs)
+
 
 CHUNK = 256  # prompts per KV cache (sized to the chunk's longest prompt)
 

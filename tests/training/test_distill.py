@@ -104,6 +104,33 @@ def test_quick_recipe_writes_a_draft_that_every_consumer_loads(tmp_path):
     assert again["teacher_seconds"] == 0.0 and again["train_tokens"] == figures["train_tokens"]
 
 
+@needs_smollm2
+def test_teacher_cache_generates_only_the_missing_answers(tmp_path):
+    """train-eagle asks for more prompts than train-draft: the shared cache keeps the answers
+    it has, generates the rest, and hands each recipe its own prompts in order."""
+    from dataclasses import replace
+    target, cache, quiet = distill.load_teacher(), tmp_path / "teacher.pt", lambda line: None
+    small = distill.DraftRecipe.quick()
+    first, s1 = distill.teacher_answers(target, small, cache, quiet)
+    assert s1 > 0 and len(first.prompts) == 13
+    bigger = replace(small, qa_prompts=4, open_prompts=2)
+    key = {(p.record_id, p.ids) for p in first.prompts}
+    wanted = distill.training_prompts(target.tokenizer, bigger)
+    new = [p for p in wanted if (p.record_id, p.ids) not in key]
+    assert 3 <= len(new) < len(wanted)  # 2 more questions, 1 more task (and a code task)
+    more, s2 = distill.teacher_answers(target, bigger, cache, quiet)
+    assert s2 > 0 and more.prompts == wanted
+    assert len(teacher.TeacherData.load(cache).prompts) == 13 + len(new)
+    old = {(p.record_id, p.ids): t for p, t in zip(first.prompts, first.tokens)}
+    kept = [(old[(p.record_id, p.ids)], t) for p, t in zip(more.prompts, more.tokens)
+            if (p.record_id, p.ids) in old]
+    assert len(kept) == len(wanted) - len(new) and all(torch.equal(a, b) for a, b in kept)
+    again, s3 = distill.teacher_answers(target, small, cache, quiet)
+    assert s3 == 0.0 and again.prompts == first.prompts
+    assert all(torch.equal(a, b) for a, b in zip(again.tokens, first.tokens))
+    assert all(torch.equal(a, b) for a, b in zip(again.top_logprobs, first.top_logprobs))
+
+
 def _fake_answers(n: int = 6) -> teacher.TeacherData:
     g = torch.Generator().manual_seed(1)
     one = torch.randint(0, 49152, (40,), generator=g, dtype=torch.int32)

