@@ -169,7 +169,7 @@ docstrings. By source: {sources}.
 3. Stored as fp16 safetensors (Hugging Face layout: `transformers` loads it) and as Q8_0 GGUF
    with SmolLM2's tokenizer metadata copied verbatim.
 
-Time on this machine{f" ({f['cpu']})" if f.get('cpu') else ''}: SmolLM2's answers {f['teacher_seconds'] / 60:.1f} min, training
+Time on this machine{_cpu(f)}: SmolLM2's answers {f['teacher_seconds'] / 60:.1f} min, training
 {f['train_seconds'] / 60:.1f} min, {f['total_seconds'] / 60:.1f} min in all.
 
 ## Rebuild
@@ -190,6 +190,10 @@ def _write(out_dir: Path, text: str) -> Path:
 
 def write_draft_card(out_dir: Path, figures: dict) -> Path:
     return _write(out_dir, render_draft(figures))
+
+
+def _cpu(f: dict) -> str:
+    return f" ({f['cpu']})" if f.get("cpu") else ""
 
 
 def cpu_name() -> str:
@@ -252,7 +256,7 @@ unrolled in training, each step fed the head's own previous guess (as drafting d
 cross-entropy to SmolLM2's next-token distribution, uniform noise ±{r['noise']} on the input
 features.
 
-Time on this machine{f" ({f['cpu']})" if f.get('cpu') else ''}: SmolLM2's answers {f['teacher_seconds'] / 60:.1f} min (only those not
+Time on this machine{_cpu(f)}: SmolLM2's answers {f['teacher_seconds'] / 60:.1f} min (only those not
 already in the teacher cache), features {f['feature_seconds'] / 60:.1f} min{reused}, training
 {f['train_seconds'] / 60:.1f} min, {f['total_seconds'] / 60:.1f} min in all.
 

@@ -31,6 +31,7 @@ from spectest.engine.int8 import quantize_int8
 from spectest.engine.loader import HEAD_TOKENS_FILE, LoadedModel, load_checkpoint
 from spectest.engine.model import ModelConfig, Transformer
 from spectest.training import teacher
+from spectest.training.card import cpu_name, write_draft_card
 from spectest.training.gguf_export import write_gguf
 
 
@@ -290,9 +291,8 @@ def teacher_answers(target: LoadedModel, r: DraftRecipe, teacher_cache: Path | N
     have = teacher.TeacherData([], [], [], [])
     if teacher_cache is not None and teacher_cache.is_file():
         have = teacher.TeacherData.load(teacher_cache)
-    where = {(p.record_id, p.ids): i for i, p in enumerate(have.prompts)}
-    missing = list({(p.record_id, p.ids): p for p in prompts if (p.record_id, p.ids)
-                    not in where}.values())
+    known = {p.key for p in have.prompts}
+    missing = list({p.key: p for p in prompts if p.key not in known}.values())
     seconds = 0.0
     if missing:
         progress(f"generating SmolLM2's answers to {len(missing)} prompts"
@@ -303,13 +303,13 @@ def teacher_answers(target: LoadedModel, r: DraftRecipe, teacher_cache: Path | N
                                r.top_k, batch=r.teacher_batch, progress=progress)
         seconds = time.perf_counter() - g0
         have = have + new
-        where = {(p.record_id, p.ids): i for i, p in enumerate(have.prompts)}
         if teacher_cache is not None:
             teacher_cache.parent.mkdir(parents=True, exist_ok=True)
             have.save(teacher_cache)
     else:
         progress(f"SmolLM2's answers to all {len(prompts)} prompts from {teacher_cache}")
-    return have.pick([where[(p.record_id, p.ids)] for p in prompts]), seconds
+    where = {p.key: i for i, p in enumerate(have.prompts)}
+    return have.pick([where[p.key] for p in prompts]), seconds
 
 
 def train_smollm2_draft(out: Path, r: DraftRecipe, teacher_cache: Path | None = None,
@@ -330,7 +330,7 @@ def train_smollm2_draft(out: Path, r: DraftRecipe, teacher_cache: Path | None = 
     after = agreement(draft, held)
     after_head = agreement(draft, held, head_ids)
     figures = {
-        "recipe": asdict(r), "threads": torch.get_num_threads(),
+        "recipe": asdict(r), "threads": torch.get_num_threads(), "cpu": cpu_name(),
         "params": sum(p.numel() for p in draft.parameters()), "vocab_size": cfg.vocab_size,
         "train_prompts": len(data.prompts), "train_tokens": sum(len(t) for t in data.tokens),
         "answer_tokens": data.answer_tokens,
@@ -351,7 +351,6 @@ def train_smollm2_draft(out: Path, r: DraftRecipe, teacher_cache: Path | None = 
 def save_draft(out: Path, draft: Transformer, target: LoadedModel, figures: dict,
                head_ids: list[int]) -> None:
     """HF layout + GGUF + model card, written to a temporary folder and moved into place."""
-    from spectest.training.card import write_draft_card
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

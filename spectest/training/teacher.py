@@ -42,6 +42,11 @@ class Prompt:
     record_id: str
     ids: tuple[int, ...]
 
+    @property
+    def key(self) -> tuple:
+        """What makes two prompts the same question to SmolLM2 (a cache's key)."""
+        return self.record_id, self.ids
+
 
 def workload_prompts(tokenizer: Tokenizer, workload: str, *, held: bool,
                      max_prompt_tokens: int = 1536) -> list[Prompt]:

@@ -114,16 +114,15 @@ def test_teacher_cache_generates_only_the_missing_answers(tmp_path):
     first, s1 = distill.teacher_answers(target, small, cache, quiet)
     assert s1 > 0 and len(first.prompts) == 13
     bigger = replace(small, qa_prompts=4, open_prompts=2)
-    key = {(p.record_id, p.ids) for p in first.prompts}
+    key = {p.key for p in first.prompts}
     wanted = distill.training_prompts(target.tokenizer, bigger)
-    new = [p for p in wanted if (p.record_id, p.ids) not in key]
+    new = [p for p in wanted if p.key not in key]
     assert 3 <= len(new) < len(wanted)  # 2 more questions, 1 more task (and a code task)
     more, s2 = distill.teacher_answers(target, bigger, cache, quiet)
     assert s2 > 0 and more.prompts == wanted
     assert len(teacher.TeacherData.load(cache).prompts) == 13 + len(new)
-    old = {(p.record_id, p.ids): t for p, t in zip(first.prompts, first.tokens)}
-    kept = [(old[(p.record_id, p.ids)], t) for p, t in zip(more.prompts, more.tokens)
-            if (p.record_id, p.ids) in old]
+    old = {p.key: t for p, t in zip(first.prompts, first.tokens)}
+    kept = [(old[p.key], t) for p, t in zip(more.prompts, more.tokens) if p.key in old]
     assert len(kept) == len(wanted) - len(new) and all(torch.equal(a, b) for a, b in kept)
     again, s3 = distill.teacher_answers(target, small, cache, quiet)
     assert s3 == 0.0 and again.prompts == first.prompts
