@@ -33,8 +33,10 @@ import time
 import uuid
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
+from scipy import stats as stats_lib
 
 from spectest.engine.api import MODELS_DIR, build_engine, default_k
 from spectest.engine.policies import FixedK
@@ -135,6 +137,27 @@ def summarize(name, category, temperature, tokens, seconds, records, k, stats):
     }
 
 
+def paired_interval(stats, base_stats, confidence: float = 0.95) -> tuple[float, float]:
+    """A bootstrap interval of the decode speedup, resampling (prompt, repeat) pairs: each
+    request of an arm is paired with the baseline's request for the same prompt and repeat, and
+    the statistic is the ratio of pooled decode rates, as the headline figure is."""
+    spec_tok = np.array([st.completion_tokens - 1 for st in stats], dtype=float)
+    spec_s = np.array([st.decode_time for st in stats])
+    base_tok = np.array([st.completion_tokens - 1 for st in base_stats], dtype=float)
+    base_s = np.array([st.decode_time for st in base_stats])
+    if len(spec_tok) < 2 or len(spec_tok) != len(base_tok):
+        return float("nan"), float("nan")
+
+    def ratio(st, ss, bt, bs, axis=-1):
+        return (st.sum(axis) / ss.sum(axis)) / (bt.sum(axis) / bs.sum(axis))
+
+    res = stats_lib.bootstrap((spec_tok, spec_s, base_tok, base_s), ratio, paired=True,
+                              vectorized=True, confidence_level=confidence,
+                              n_resamples=4000, method="percentile", random_state=0)
+    return round(float(res.confidence_interval.low), 3), \
+        round(float(res.confidence_interval.high), 3)
+
+
 def _mean_ms(seconds) -> float | None:
     seconds = list(seconds)
     return round(statistics.mean(seconds) * 1e3, 3) if seconds else None
@@ -216,6 +239,9 @@ def main() -> None:
     ap.add_argument("--max-prompt", type=int, default=None,
                     help="longest prompt in tokens (default: all that fit the model's context "
                          "with the output, e.g. every bundled RAG record on the embedded pair)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs of every arm over the prompts, interleaved (the speedup's "
+                         "interval resamples prompt × repeat pairs)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--batches", default=None, help="default 1,4,16,32 (smollm2: 1,4,8)")
     ap.add_argument("--skip-hf", action="store_true")
@@ -230,9 +256,11 @@ def main() -> None:
     batches = args.batches or ("1,4,8" if smollm2 else "1,4,16,32")
     slots = max(int(b) for b in batches.split(","))
     arms = [("target-only", "none", 0), ("draft-model", "draft-model", k),
-            ("ngram", "ngram", k_for("ngram"))]
+            ("ngram", "ngram", k_for("ngram")),
+            ("ngram+draft-model", "ngram+draft-model", k_for("ngram+draft-model"))]
     if smollm2 and (MODELS_DIR / "smollm2-eagle").is_dir():
-        arms.append(("eagle", "eagle", k_for("eagle")))
+        arms += [("eagle", "eagle", k_for("eagle")),
+                 ("ngram+eagle", "ngram+eagle", k_for("ngram+eagle"))]
     engines = {name: build_engine(args.pair, drafter=drafter, policy=FixedK(kk),
                                   max_num_seqs=slots)
                for name, drafter, kk in arms}
@@ -249,24 +277,38 @@ def main() -> None:
                    for c in ("chat", "code", "rag")}
     if not smollm2:
         prompt_sets["pysrc"] = third_party_code(tok, args.prompts)
+    names = list(engines)
     for category, prompts in prompt_sets.items():
         for temperature in (0.0, 0.7):
-            base = None
-            for name, engine in engines.items():
-                run(engine, prompts[:1], 8, temperature)  # warm-up
-                tokens, seconds, records, stats = run(engine, prompts, args.max_tokens,
-                                                      temperature)
+            got = {name: [0, 0.0, [], []] for name in names}  # tokens, seconds, records, stats
+            for rep in range(args.repeats):  # arms interleaved, the order rotated each repeat
+                for name in names[rep % len(names):] + names[:rep % len(names)]:
+                    if rep == 0:
+                        run(engines[name], prompts[:1], 8, temperature)  # warm-up
+                    tokens, seconds, records, stats = run(engines[name], prompts,
+                                                          args.max_tokens, temperature)
+                    acc = got[name]
+                    acc[0] += tokens
+                    acc[1] += seconds
+                    acc[2] += records
+                    acc[3] += stats
+            base = summarize("target-only", category, temperature, *got["target-only"][:3],
+                             0, got["target-only"][3])
+            for name in names:
+                tokens, seconds, records, stats = got[name]
                 row = summarize(name, category, temperature, tokens, seconds, records,
                                 arm_k[name], stats)
-                if name == "target-only":
-                    base = row
                 row["speedup"] = round(row["decode_tok_s"] / base["decode_tok_s"], 3)
+                row["speedup_lo"], row["speedup_hi"] = paired_interval(
+                    stats, got["target-only"][3])
+                row["requests"] = len(stats)
                 row["wall_speedup"] = round(row["tok_s"] / base["tok_s"], 3)
                 row["predicted"] = (predicted_speedup(row, base, arm_k[name])
                                     if name != "target-only" else 1.0)
                 rows.append(row)
-                print(f"{category:5s} T={temperature} {name:12s} decode "
+                print(f"{category:5s} T={temperature} {name:17s} decode "
                       f"{row['decode_tok_s']:7.1f} tok/s, speedup {row['speedup']:.2f} "
+                      f"[{row['speedup_lo']:.2f}, {row['speedup_hi']:.2f}] "
                       f"(predicted {row['predicted']}); wall clock with prefill "
                       f"{row['tok_s']:7.1f} tok/s, {row['wall_speedup']:.2f}× "
                       f"α={row['acceptance_rate']} L={row['mean_accepted_length']}", flush=True)
@@ -311,12 +353,15 @@ def main() -> None:
     for w in prompt_sets:
         for name in [n for n in drafting if n != "ngram"]:
             dm = greedy.loc[(w, name)]
-            print(f"  {w:5s} {name} {dm.speedup:.2f}× decode, {dm.wall_speedup:.2f}× wall "
+            print(f"  {w:5s} {name} {dm.speedup:.2f}× decode (95 % interval "
+                  f"{dm.speedup_lo:.2f}–{dm.speedup_hi:.2f}, {dm.requests} requests), "
+                  f"{dm.wall_speedup:.2f}× wall "
                   f"(predicted {dm.predicted}, error "
                   f"{abs(dm.speedup - dm.predicted) / dm.predicted:.0%}), acceptance "
                   f"{dm.acceptance_rate}, mean accepted length {dm.mean_accepted_length}")
-        print(f"  {w:5s} ngram {greedy.loc[(w, 'ngram')].speedup:.2f}×, acceptance "
-              f"{greedy.loc[(w, 'ngram')].acceptance_rate}")
+        ng = greedy.loc[(w, "ngram")]
+        print(f"  {w:5s} ngram {ng.speedup:.2f}× ({ng.speedup_lo:.2f}–{ng.speedup_hi:.2f}), "
+              f"acceptance {ng.acceptance_rate}")
     ngram_acc = {w: greedy.loc[(w, "ngram")].acceptance_rate or 0 for w in ("chat", "code", "rag")}
     dm_acc = {w: greedy.loc[(w, "draft-model")].acceptance_rate or 0 for w in ("chat", "rag")}
     if "eagle" in engines:

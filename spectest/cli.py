@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from spectest.engine.api import DRAFTERS
+from spectest.engine.drafter_names import DRAFTERS
 from spectest.engine.int8 import QUANTIZE_CHOICES
 
 

@@ -25,6 +25,7 @@ from spectest import flavours
 from spectest.audit import gate, runner
 from spectest.audit.samples import AuditError
 from spectest.audit.settings import CHECKS, NAMES, AuditSettings, read_config, resolve
+from spectest.engine.drafter_names import DRAFTING
 
 DESCRIPTION = """\
 Prove that speculative decoding does not change what the model says, or show where it does.
@@ -93,7 +94,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _opt(g, "embedded_model", "model for 'embedded' servers")
     _opt(g, "embedded_draft", "draft checkpoint for 'embedded' servers")
     _opt(g, "embedded_drafter", "drafter of the embedded candidate",
-         choices=["draft-model", "eagle", "ngram"])
+         choices=DRAFTING)
     _opt(g, "embedded_k", "draft length K of the embedded candidate", type=int)
     _opt(g, "embedded_threads", "torch threads of an embedded server", type=int)
     g = p.add_argument_group("prompts and sizes")

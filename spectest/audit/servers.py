@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spectest.audit.samples import AuditError
+from spectest.engine.drafter_names import needs_checkpoint
 
 _BOUND = re.compile(r"at (http://127\.0\.0\.1:\d+)")
 
@@ -40,7 +41,7 @@ class ServerSpec:
                 "--model", self.model, "--drafter", self.drafter, "--drain-seconds", "1"]
         if self.k is not None:
             argv += ["--k", str(self.k)]
-        if self.drafter in ("draft-model", "eagle"):
+        if needs_checkpoint(self.drafter):
             argv += ["--draft", self.draft]
         if self.threads:
             argv += ["--threads", str(self.threads)]

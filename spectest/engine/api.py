@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spectest.engine.control import PolicyOptions, control_for
+from spectest.engine.drafter_names import DRAFTERS, model_drafter
 from spectest.engine.drafters import (NGRAM_MAX, NGRAM_MIN, DraftModelDrafter, Drafter,
-                                      NGramDrafter, NoDrafter)
+                                      HybridDrafter, NGramDrafter, NoDrafter)
 from spectest.engine.eagle import EagleDrafter, load_eagle
 from spectest.engine.engine import EngineConfig, SpecEngine
 from spectest.engine.gguf_loader import find_smollm2
@@ -30,7 +31,7 @@ from spectest.engine.sampling import SamplingParams
 from spectest.engine.scheduler import SchedulerConfig
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
-DRAFTERS = ("draft-model", "eagle", "ngram", "none")
+
 # short model names → the draft that shares each one's tokenizer (``--draft auto``), and the
 # EAGLE head trained on each one's features (``--drafter eagle --draft auto``)
 COMPANION_DRAFTS = {"embedded": "embedded-draft", "embedded-target": "embedded-draft",
@@ -43,7 +44,10 @@ BUILT_IN_REPO = {"smollm2-draft": "train-draft", "smollm2-eagle": "train-eagle"}
 # EAGLE 1.02 / 1.20 / 1.07× (chat / code / RAG) against 0.86 / 1.09 / 0.92×, draft model
 # 0.88 / 1.07 / 1.06× against 0.72 / 0.92 / 0.85×; its n-gram drafts (3-token matches) pay
 # best at 4 (1.11 / 1.35 / 1.09× against 1.11 / 1.28 / 1.08× at 2). Others: 4.
-DEFAULT_K = {("smollm2", "draft-model"): 2, ("smollm2", "eagle"): 2}
+# n-gram first, the model elsewhere (``ngram+…``): the round's K is the n-gram's (4), and the
+# model half drafts at most its own default (HybridDrafter.model_k).
+DEFAULT_K = {("smollm2", "draft-model"): 2, ("smollm2", "eagle"): 2,
+             ("smollm2", "ngram+draft-model"): 4, ("smollm2", "ngram+eagle"): 4}
 
 
 def describe_default_k() -> str:
@@ -96,6 +100,7 @@ def companion_target(draft: str | Path) -> str | None:
 def companion_draft(target: str | Path, drafter: str = "draft-model") -> str:
     """The draft ``--draft auto`` means for this target and drafter: its companion draft
     (or EAGLE head), else an error."""
+    drafter = model_drafter(drafter)
     table = COMPANION_EAGLES if drafter == "eagle" else COMPANION_DRAFTS
     what = "an EAGLE head trained on its features" if drafter == "eagle" else \
         "a checkpoint sharing its tokenizer"
@@ -154,7 +159,8 @@ def build_engine(target: str | Path = "embedded", draft: str | Path | None = "au
     if int8:
         quantize_int8(target_model.model)
     draft_model = None
-    if drafter == "draft-model" and drafter_instance is None:
+    base = model_drafter(drafter)
+    if base == "draft-model" and drafter_instance is None:
         if draft in (None, "auto"):
             draft = companion_draft(target)
         draft_model = prepare_draft(load_checkpoint(resolve_model_path(draft)), int8)
@@ -169,14 +175,20 @@ def build_engine(target: str | Path = "embedded", draft: str | Path | None = "au
     cfg = EngineConfig(SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                        max_waiting=max_waiting, spec_slots=k_limit + 1),
                        faults=faults)
-    if drafter == "eagle" and drafter_instance is None:
+    made = drafter_instance
+    if made is None and base == "eagle":
         head, head_ids = load_eagle(resolve_model_path(
             companion_draft(target, "eagle") if draft in (None, "auto") else draft),
             target_model.model)
-        drafter_instance = EagleDrafter(head, target_model.model, head_ids, max_num_seqs,
-                                        max_model_len, int8)
-    made = drafter_instance or make_drafter(drafter, draft_model, max_num_seqs, max_model_len,
-                                            ngram_max, ngram_min)
+        made = EagleDrafter(head, target_model.model, head_ids, max_num_seqs, max_model_len,
+                            int8)
+    if made is None:
+        made = make_drafter(base, draft_model, max_num_seqs, max_model_len, ngram_max,
+                            ngram_min)
+    if drafter != base and drafter_instance is None:
+        # the model half drafts at most its own measured best K; copied spans, the round's K
+        made = HybridDrafter(NGramDrafter(ngram_max, ngram_min), made,
+                             model_k=default_k(target, base))
     control = control_for(policy, max(1, k_limit), not isinstance(made, NoDrafter),
                           policy_options)
     return SpecEngine(target_model.model, target_model.tokenizer, made, policy, cfg,

@@ -4,7 +4,8 @@ Owns: the :class:`Drafter` interface and three implementations — :class:`Draft
 (a small model with its own KV cache, sampling K tokens autoregressively with the request's
 sampling parameters and returning their probabilities), :class:`NGramDrafter` (prompt lookup:
 match the last n tokens against the sequence so far, propose what followed; deterministic,
-one-hot probabilities) and :class:`NoDrafter` (the target-only baseline, K = 0).
+one-hot probabilities), :class:`HybridDrafter` (prompt lookup first, a model drafter for the
+rows where no suffix matches) and :class:`NoDrafter` (the target-only baseline, K = 0).
 
 Does not know: the target, acceptance or scheduling. The engine tells a drafter how many of
 the tokens it fed are still valid after verification (:meth:`Drafter.rewind`). A drafter with
@@ -18,7 +19,7 @@ runs without drafts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Protocol
 
 import torch
@@ -253,3 +254,58 @@ class DraftModelDrafter:
         """Logits [b, N] for the next draft of the ``active`` rows, which drafted ``pick`` [b]."""
         return self.model(pick[:, None], self.cache, slots[active])[:, -1]
 
+
+
+class HybridDrafter:
+    """Prompt lookup where the sequence repeats itself, a model everywhere else.
+
+    Each round, a row whose last ``min_n``+ tokens occurred earlier gets the n-gram's
+    continuation (one-hot probabilities, as :class:`NGramDrafter`); the other rows go to the
+    model drafter in one batch. Production systems pair them the same way (Arctic Inference's
+    suffix decoding falls back to a model drafter): copied spans (code edits, quoted context)
+    are accepted far more often than a small model's guesses, and a lookup costs microseconds.
+    The model drafter skips the rounds it does not draft and catches up on the next one, as it
+    does after speculation was switched off (its ``rewind`` / ``add_features`` keep its cache
+    consistent whoever drafted). ``model_k`` caps the model's drafts below the round's K (a
+    weak model pays at shorter rounds than a copied span does); None: no cap."""
+
+    def __init__(self, lookup: NGramDrafter, model: "DraftModelDrafter",
+                 model_k: int | None = None):
+        self.lookup, self.model, self.model_k = lookup, model, model_k
+        self.name = f"ngram+{model.name}"
+        self.wants_features = bool(getattr(model, "wants_features", False))
+
+    def admit(self, slot, prompt):
+        self.model.admit(slot, prompt)
+
+    def release(self, slot):
+        self.model.release(slot)
+
+    def rewind(self, slot, n_valid):
+        self.model.rewind(slot, n_valid)
+
+    def add_features(self, slot, features):
+        self.model.add_features(slot, features)
+
+    def propose(self, rows, stop=None):
+        found = [self.lookup.lookup(r.tokens, r.k) if r.k > 0 else [] for r in rows]
+        rest = [i for i, f in enumerate(found) if not f]
+        cap = self.model_k or max((r.k for r in rows), default=0)
+        part = self.model.propose([replace(rows[i], k=min(rows[i].k, cap)) for i in rest],
+                                  stop) if rest else None
+        K = max([len(f) for f in found] + [part.tokens.shape[1] if part is not None else 0])
+        tokens = torch.zeros(len(rows), K, dtype=torch.long)
+        lens = torch.tensor([len(f) for f in found], dtype=torch.long)
+        for i, f in enumerate(found):
+            tokens[i, :len(f)] = torch.tensor(f, dtype=torch.long)
+        probs = None
+        if part is not None:
+            idx = torch.tensor(rest)
+            tokens[idx, :part.tokens.shape[1]] = part.tokens
+            lens[idx] = part.lens
+            if part.probs is not None:  # sampled rows drafted by the model: one tensor for all
+                probs = torch.nn.functional.one_hot(tokens, part.probs.shape[-1]).float()
+                probs[idx] = 0.0
+                probs[idx, :part.probs.shape[1]] = part.probs
+        return Proposal(tokens, lens, probs, part.network_seconds if part else 0.0,
+                        part.error if part else None)

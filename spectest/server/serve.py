@@ -56,7 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "for targets of >= 50M parameters (default)")
     p.add_argument("--drafter", choices=DRAFTERS, default="draft-model",
                    help="draft-model, eagle (a head drafting from the target's hidden states), "
-                        "ngram (prompt lookup) or none")
+                        "ngram (prompt lookup), ngram+draft-model / ngram+eagle (prompt lookup "
+                        "where the text repeats itself, the model elsewhere) or none")
     p.add_argument("--draft-url", default=None,
                    help="draft from a `spectest serve-draft` at this URL (disaggregated: the "
                         "draft model and its KV cache live in that process; --draft is unused)")

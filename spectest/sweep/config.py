@@ -19,11 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spectest.report.cli import add_analysis_arguments, analysis_options
+from spectest.engine.drafter_names import DRAFTING
 from spectest.report.evidence import MIN_REQUESTS_PER_STEP
 from spectest.report.table import SLO, SweepError
 
-# engine.api.DRAFTERS that draft (spelled out: the sweep imports no torch)
-SWEEP_DRAFTERS = ("draft-model", "eagle", "ngram")
 
 WORKLOADS = ("chat", "code", "rag", "mixed")
 DEFAULT_WORKLOADS = ("chat", "code", "rag")
@@ -84,7 +83,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--embedded: target (embedded, smollm2, a checkpoint)")
     g.add_argument("--draft", default="auto",
                    help="--embedded: draft checkpoint (auto: the target's companion draft)")
-    g.add_argument("--drafter", default="draft-model", choices=SWEEP_DRAFTERS,
+    g.add_argument("--drafter", default="draft-model", choices=DRAFTING,
                    help="--embedded: how the server drafts (eagle: the target's EAGLE head, "
                         "e.g. smollm2-eagle for --model smollm2)")
     g.add_argument("--k", type=int, default=None,

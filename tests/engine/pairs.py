@@ -15,7 +15,8 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, pre_tokenizers
 
 from spectest.engine.api import MODELS_DIR
-from spectest.engine.drafters import DraftModelDrafter, NGramDrafter, NoDrafter
+from spectest.engine.drafters import (DraftModelDrafter, HybridDrafter, NGramDrafter,
+                                      NoDrafter)
 from spectest.engine.engine import EngineConfig, SpecEngine
 from spectest.engine.loader import load_checkpoint
 from spectest.engine.model import ModelConfig, Transformer
@@ -79,6 +80,9 @@ def make_engine(target, tokenizer, drafter="draft-model", draft=None, policy=Non
         d = DraftModelDrafter(draft, max_num_seqs, max_model_len)
     elif drafter == "ngram":
         d = NGramDrafter(4, 1)
+    elif drafter == "ngram+draft-model":  # one-token matches: both halves draft often
+        d = HybridDrafter(NGramDrafter(4, 1), DraftModelDrafter(draft, max_num_seqs,
+                                                                max_model_len), model_k=3)
     else:
         d = NoDrafter()
     return SpecEngine(target, tokenizer, d, policy or FixedK(4), config)

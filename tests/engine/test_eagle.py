@@ -121,3 +121,33 @@ def test_smollm2_with_its_trained_eagle_head_is_exact_and_drafts_that_get_accept
     assert spec == base
     rows = [row for rec in records for row in rec.rows if row.k_proposed]
     assert sum(row.accepted for row in rows) / sum(row.k_proposed for row in rows) > 0.05
+
+
+def test_int8_eagle_behind_prompt_lookup_equals_target_only(embedded):
+    """``ngram+eagle``: the head skips the rounds the n-gram drafts and catches up on its
+    features later; greedy output is still the target's exactly (int8, changing batch), and
+    the head's cache still holds one target pair per committed position but the last."""
+    from spectest.engine.drafters import HybridDrafter, NGramDrafter
+    target = quantize_int8(copy.deepcopy(embedded.model))
+    lengths = [40, 25, 33, 18, 29]
+    base = _run(make_engine(target, embedded.tokenizer, drafter="none"), PROMPTS, lengths)
+    eagle = random_eagle(target, int8=True, head_ids=tuple(range(0, 2048, 3)))
+    drafter = HybridDrafter(NGramDrafter(4, 1), eagle, model_k=2)
+    engine = make_engine(target, embedded.tokenizer, drafter=drafter, policy=FixedK(4),
+                         max_num_seqs=4)
+    kinds, head_rows = [], []
+    propose = eagle.propose
+    eagle.propose = lambda rows, stop=None: head_rows.extend(rows) or propose(rows, stop)
+
+    def check(record):
+        for seq in engine.scheduler.running.values():
+            if not seq.finished and seq.slot >= 0:
+                waiting = sum(len(f) for f in eagle.pending.get(seq.slot, []))
+                assert int(eagle.trusted[seq.slot]) + waiting == len(seq.tokens) - 1
+        kinds.extend(row.k_proposed for row in record.rows if row.k_proposed)
+
+    engine.observers.append(check)
+    spec = _run(engine, PROMPTS, lengths, speculative=(True, True, False))
+    assert spec == base
+    assert 4 in kinds  # n-gram rounds of 4 …
+    assert head_rows and all(r.k <= 2 for r in head_rows)  # … and head rounds capped at 2

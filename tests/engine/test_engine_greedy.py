@@ -114,7 +114,7 @@ def baseline(pair):
 
 
 @pytest.mark.parametrize("policy", list(POLICIES))
-@pytest.mark.parametrize("drafter", ["draft-model", "ngram"])
+@pytest.mark.parametrize("drafter", ["draft-model", "ngram", "ngram+draft-model"])
 def test_greedy_equality_batch1(pair, baseline, drafter, policy):
     target, draft = pair
     reqs, base = baseline
@@ -128,7 +128,7 @@ def test_greedy_equality_batch1(pair, baseline, drafter, policy):
 
 
 @pytest.mark.parametrize("policy", list(POLICIES))
-@pytest.mark.parametrize("drafter", ["draft-model", "ngram"])
+@pytest.mark.parametrize("drafter", ["draft-model", "ngram", "ngram+draft-model"])
 def test_greedy_equality_continuous_batch(pair, drafter, policy):
     """Requests join every 3 rounds, with different lengths, so they also leave mid-run."""
     target, draft = pair

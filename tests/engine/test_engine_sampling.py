@@ -140,3 +140,21 @@ def test_an_eagle_head_keeps_sampling_exact(models):
     rows = [row for rec in records for row in rec.rows if row.k_proposed]
     assert len(rows) > N / 2  # it drafted, and some drafts were accepted, some not
     assert 0 < sum(row.accepted for row in rows) < sum(row.k_proposed for row in rows)
+
+
+def test_prompt_lookup_with_a_model_fallback_keeps_sampling_exact(models):
+    """``ngram+draft-model``: rows whose suffix recurs get one-hot n-gram drafts, the others the
+    model's distributions, in one proposal; the output still follows the target's distribution
+    (same pooled G-test, alpha = 1e-3), and both halves drafted."""
+    from spectest.engine.drafters import DraftModelDrafter, HybridDrafter, NGramDrafter
+    target, draft, tok = models
+    lookup = NGramDrafter(4, 1)
+    found = []
+    real_lookup = lookup.lookup
+    lookup.lookup = lambda tokens, k: found.append(bool(real_lookup(tokens, k))) or \
+        real_lookup(tokens, k)
+    drafter = HybridDrafter(lookup, DraftModelDrafter(draft, 32, 16))
+    sequences = _sample(models, drafter=drafter)
+    assert _pooled_pvalue(target, sequences, 1) > ALPHA
+    assert _pooled_pvalue(target, sequences, 2) > ALPHA
+    assert 0.1 < sum(found) / len(found) < 0.9  # both halves drafted

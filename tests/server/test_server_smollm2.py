@@ -1,6 +1,7 @@
 """SmolLM2-135M-Instruct through HTTP: ``spectest serve --model smollm2`` (int8 weights by
 default), drafting with its in-repo draft ``smollm2-draft`` and with its EAGLE head
-``smollm2-eagle`` (``--drafter eagle``), driven by the official ``openai`` client.
+``smollm2-eagle`` (``--drafter eagle``), alone and behind prompt lookup (``ngram+eagle``),
+driven by the official ``openai`` client.
 
 Greedy output is the same token for token with speculation on and off (``speculative`` in
 ``extra_body``), drafts are accepted, and the start-up line says what the weights are.
@@ -21,7 +22,7 @@ QUESTIONS = ("How do I read a file line by line in Python?",
              "Write a Python function that reverses a string.")
 
 
-@pytest.fixture(scope="module", params=["draft-model", "eagle"])
+@pytest.fixture(scope="module", params=["draft-model", "eagle", "ngram+eagle"])
 def smollm2_server(request):
     with ServeProcess("--model", "smollm2", "--drafter", request.param, "--draft", "auto",
                       "--max-model-len", "1024", startup_timeout=180) as proc:

@@ -117,6 +117,8 @@ def test_k_defaults_to_the_models_measured_best():
     assert cfg().k == 4 and cfg("--model", "smollm2", "--k", "5").k == 5
 
 
-def test_sweep_drafters_are_engine_drafters_that_draft():
-    from spectest.engine.api import DRAFTERS
-    assert set(C.SWEEP_DRAFTERS) == set(DRAFTERS) - {"none"}
+def test_a_hybrid_drafter_reaches_the_bundled_server_with_its_draft_and_k():
+    c = cfg("--model", "smollm2", "--drafter", "ngram+eagle")
+    argv = c.serve_args()
+    assert argv[argv.index("--drafter") + 1] == "ngram+eagle"
+    assert c.k == 4 and argv[argv.index("--draft") + 1] == "auto"
