@@ -18,9 +18,14 @@ in the same run. Every ratio compares figures measured in this run.
 ``--pair smollm2``: SmolLM2-135M-Instruct (int8, ``--quantize auto``) with its in-repo draft
 ``smollm2-draft`` and its EAGLE head ``smollm2-eagle`` (an ``eagle`` arm), on workload records
 that ``spectest train-draft`` held out (never trained on); no transformers peer (it would run
-SmolLM2 in fp32).
+SmolLM2 in fp32). Both pairs also run prompt lookup in front of each model drafter
+(``ngram+draft-model``, ``ngram+eagle``).
 
-    python benchmarks/engine_speedup.py [--pair embedded|smollm2] [--prompts 6]
+Each speedup comes with a 95 % bootstrap interval over paired requests (the same prompt through
+an arm and through target-only); ``--repeats R`` runs every arm R times over the prompts,
+interleaved with the order rotated, so slow drift of this VM lands on every arm alike.
+
+    python benchmarks/engine_speedup.py [--pair embedded|smollm2] [--prompts 6] [--repeats 1]
                                         [--max-tokens 128] [--k K]
 """
 
@@ -354,7 +359,7 @@ def main() -> None:
         for name in [n for n in drafting if n != "ngram"]:
             dm = greedy.loc[(w, name)]
             print(f"  {w:5s} {name} {dm.speedup:.2f}× decode (95 % interval "
-                  f"{dm.speedup_lo:.2f}–{dm.speedup_hi:.2f}, {dm.requests} requests), "
+                  f"{dm.speedup_lo:.2f}–{dm.speedup_hi:.2f}, {int(dm.requests)} requests), "
                   f"{dm.wall_speedup:.2f}× wall "
                   f"(predicted {dm.predicted}, error "
                   f"{abs(dm.speedup - dm.predicted) / dm.predicted:.0%}), acceptance "
@@ -362,6 +367,11 @@ def main() -> None:
         ng = greedy.loc[(w, "ngram")]
         print(f"  {w:5s} ngram {ng.speedup:.2f}× ({ng.speedup_lo:.2f}–{ng.speedup_hi:.2f}), "
               f"acceptance {ng.acceptance_rate}")
+    if smollm2:
+        for w in ("chat", "code"):
+            best = greedy.loc[w].drop("target-only").speedup.idxmax()
+            print(f"  {w}: fastest arm {best} {greedy.loc[(w, best)].speedup:.2f}× "
+                  f"(target >= 1.8×)")
     ngram_acc = {w: greedy.loc[(w, "ngram")].acceptance_rate or 0 for w in ("chat", "code", "rag")}
     dm_acc = {w: greedy.loc[(w, "draft-model")].acceptance_rate or 0 for w in ("chat", "rag")}
     if "eagle" in engines:

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The SmolLM2-135M-Instruct examples: a sweep of the real pretrained model on the bundled engine
 # (`--model smollm2`: int8 weights) drafting with DRAFTER — draft-model (the in-repo draft
-# smollm2-draft; docs/smollm2-example) or eagle (the in-repo EAGLE head smollm2-eagle;
-# docs/smollm2-eagle-example) — and the audit of its speculative output against target-only.
+# smollm2-draft; docs/smollm2-example), eagle (the in-repo EAGLE head smollm2-eagle;
+# docs/smollm2-eagle-example) or ngram+eagle (prompt lookup, the EAGLE head where nothing
+# matches; docs/smollm2-hybrid-example) — and the audit of its speculative output against
+# target-only.
 # Usage:
 #   scripts/smollm2_example.sh [OUT_DIR] [DRAFTER]      (about 27 minutes on 2 CPU cores)
 set -euo pipefail

@@ -255,7 +255,6 @@ class DraftModelDrafter:
         return self.model(pick[:, None], self.cache, slots[active])[:, -1]
 
 
-
 class HybridDrafter:
     """Prompt lookup where the sequence repeats itself, a model everywhere else.
 
@@ -269,8 +268,7 @@ class HybridDrafter:
     consistent whoever drafted). ``model_k`` caps the model's drafts below the round's K (a
     weak model pays at shorter rounds than a copied span does); None: no cap."""
 
-    def __init__(self, lookup: NGramDrafter, model: "DraftModelDrafter",
-                 model_k: int | None = None):
+    def __init__(self, lookup: NGramDrafter, model: Drafter, model_k: int | None = None):
         self.lookup, self.model, self.model_k = lookup, model, model_k
         self.name = f"ngram+{model.name}"
         self.wants_features = bool(getattr(model, "wants_features", False))

@@ -158,3 +158,20 @@ def test_prompt_lookup_with_a_model_fallback_keeps_sampling_exact(models):
     assert _pooled_pvalue(target, sequences, 1) > ALPHA
     assert _pooled_pvalue(target, sequences, 2) > ALPHA
     assert 0.1 < sum(found) / len(found) < 0.9  # both halves drafted
+
+
+def test_prompt_lookup_in_front_of_an_eagle_head_keeps_sampling_exact(models):
+    """``ngram+eagle`` with the head capped below the round's K (as SmolLM2 runs it): the head
+    skips the rounds the lookup drafts and catches up on its features; the output follows the
+    target's distribution (same pooled G-test, alpha = 1e-3)."""
+    from spectest.engine.drafters import HybridDrafter, NGramDrafter
+    target, _, tok = models
+    eagle = random_eagle(target, seed=3, scale=0.5, head_ids=(0, 1, 2, 4, 6), n_slots=32,
+                         max_len=16)
+    records = []
+    sequences = _sample(models, drafter=HybridDrafter(NGramDrafter(4, 1), eagle, model_k=1),
+                        records=records)
+    assert _pooled_pvalue(target, sequences, 1) > ALPHA
+    assert _pooled_pvalue(target, sequences, 2) > ALPHA
+    proposed = {row.k_proposed for rec in records for row in rec.rows}
+    assert {1, 2} <= proposed  # head rounds of 1, lookup rounds of 2
