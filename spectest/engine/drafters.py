@@ -24,6 +24,7 @@ from typing import Callable, Protocol
 
 import torch
 
+from spectest.engine.drafter_names import HYBRID
 from spectest.engine.model import Transformer
 from spectest.engine.sampling import probs_from_logits, sample_from
 
@@ -270,7 +271,7 @@ class HybridDrafter:
 
     def __init__(self, lookup: NGramDrafter, model: Drafter, model_k: int | None = None):
         self.lookup, self.model, self.model_k = lookup, model, model_k
-        self.name = f"ngram+{model.name}"
+        self.name = HYBRID + model.name
         self.wants_features = bool(getattr(model, "wants_features", False))
 
     def admit(self, slot, prompt):
@@ -286,24 +287,22 @@ class HybridDrafter:
         self.model.add_features(slot, features)
 
     def propose(self, rows, stop=None):
-        found = [self.lookup.lookup(r.tokens, r.k) if r.k > 0 else [] for r in rows]
-        rest = [i for i, f in enumerate(found) if not f]
-        cap = self.model_k or max((r.k for r in rows), default=0)
-        part = self.model.propose([replace(rows[i], k=min(rows[i].k, cap)) for i in rest],
-                                  stop) if rest else None
-        K = max([len(f) for f in found] + [part.tokens.shape[1] if part is not None else 0])
+        copied = self.lookup.propose(rows)  # [B, Kc]; lens 0 where no suffix recurs
+        rest = (copied.lens == 0).nonzero().flatten()  # [b] rows the model drafts
+        if not len(rest):
+            return copied
+        cap = self.model_k or max(r.k for r in rows)
+        part = self.model.propose([replace(rows[i], k=min(rows[i].k, cap))
+                                   for i in rest.tolist()], stop)
+        K = max(copied.tokens.shape[1], part.tokens.shape[1])
         tokens = torch.zeros(len(rows), K, dtype=torch.long)
-        lens = torch.tensor([len(f) for f in found], dtype=torch.long)
-        for i, f in enumerate(found):
-            tokens[i, :len(f)] = torch.tensor(f, dtype=torch.long)
+        tokens[:, :copied.tokens.shape[1]] = copied.tokens
+        tokens[rest, :part.tokens.shape[1]] = part.tokens
+        lens = copied.lens.clone()
+        lens[rest] = part.lens
         probs = None
-        if part is not None:
-            idx = torch.tensor(rest)
-            tokens[idx, :part.tokens.shape[1]] = part.tokens
-            lens[idx] = part.lens
-            if part.probs is not None:  # sampled rows drafted by the model: one tensor for all
-                probs = torch.nn.functional.one_hot(tokens, part.probs.shape[-1]).float()
-                probs[idx] = 0.0
-                probs[idx, :part.probs.shape[1]] = part.probs
-        return Proposal(tokens, lens, probs, part.network_seconds if part else 0.0,
-                        part.error if part else None)
+        if part.probs is not None:  # sampled rows drafted by the model: one tensor for all
+            probs = torch.nn.functional.one_hot(tokens, part.probs.shape[-1]).float()
+            probs[rest] = 0.0
+            probs[rest, :part.probs.shape[1]] = part.probs
+        return Proposal(tokens, lens, probs, part.network_seconds, part.error)

@@ -18,11 +18,10 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spectest.report.cli import add_analysis_arguments, analysis_options
 from spectest.engine.drafter_names import DRAFTING
+from spectest.report.cli import add_analysis_arguments, analysis_options
 from spectest.report.evidence import MIN_REQUESTS_PER_STEP
 from spectest.report.table import SLO, SweepError
-
 
 WORKLOADS = ("chat", "code", "rag", "mixed")
 DEFAULT_WORKLOADS = ("chat", "code", "rag")
