@@ -68,9 +68,9 @@ async def capture(url: str, s: AuditSettings) -> tuple[np.ndarray, np.ndarray, i
         await base.resolve_model()
         cases = await tokenize(load_records(s.prompts, s.num_prompts, s.seed), base,
                                s.max_prompt_tokens)
-        triples = await runner.sampled_phase(cand, base, cases, s)
+        triples, _ = await runner.sampled_phase(cand, base, cases, s)
     rows, firsts, seen, total = [], [], set(), 0
-    for i, comp, scored in triples:
+    for i, _, comp, scored in triples:
         for j in range(len(comp.tokens)):
             total += 1
             d = distribution.sampling_dist(scored[len(cases[i].ids) + j].top, s.sampling)

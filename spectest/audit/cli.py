@@ -109,6 +109,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--noise-floor", dest="noise_floor", action=argparse.BooleanOptionalAction,
                    default=argparse.SUPPRESS, help="measure the baseline against itself and "
                    "widen the tie/logprob tolerances to 2x that floor (default: on)")
+    _opt(p, "sampled_control", "judge the candidate's sampled tokens against continuations the "
+         "baseline samples itself (auto: where the noise floor shows the baseline's scoring "
+         "is not the distribution it samples from, or was not measured)",
+         choices=("auto", "on", "off"))
     p.add_argument("--ignore-eos", dest="ignore_eos", action=argparse.BooleanOptionalAction,
                    default=argparse.SUPPRESS, help="generate full lengths past EOS "
                    "(default: on)")

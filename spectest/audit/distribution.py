@@ -7,6 +7,9 @@ fit used as a diagnostic.  ``distribution_check`` runs it over an audit and expl
 
 Does not know: HTTP, prompts or verdict files. It receives, for every sampled token, the
 candidate's token and the baseline's scoring of the same prefix (echo + top-n logprobs).
+The test below is exact when that scoring is the distribution the baseline samples from; where
+it is not (a noise floor above the tolerances: int8 weights, llama.cpp), ``two_sample`` runs the
+same statistics against the baseline's own samples instead.
 
 The math
 --------
@@ -158,6 +161,7 @@ class Draw:
     is_argmax: bool
     bin: int  # probability bin of the chosen token (PROB_BINS)
     bin_mass: tuple[float, ...]  # p_t's mass in each probability bin
+    sample: int = 0  # which continuation of the prompt
 
 
 @dataclass(frozen=True)
@@ -172,6 +176,7 @@ class Violation:
     # Is the token inside the support computed from the candidate's *own* reported logprobs?
     # Yes: the candidate's distribution differs (a state bug); no: its sampler ignores top-k/p.
     in_candidate_support: bool | None = None
+    sample: int = 0  # which continuation of the prompt
 
 
 def evaluate(prompt: int, index: int, token: int, scored: Position, spec: SamplingSpec,
@@ -232,6 +237,12 @@ class PitResult:
     p_value: float  # Bonferroni over the three
     mean_u: float
     calibration: Calibration | None = None
+    # "one-sample": against the baseline's scoring; "two-sample": against the baseline's own
+    # samples (``two_sample``), control_n of them, p-values from ``permutations`` relabellings
+    method: str = "one-sample"
+    control_n: int = 0
+    permutations: int = 0
+    p_support: float = 1.0  # two-sample: rate of tokens outside the support vs the control's
 
     @staticmethod
     def empty() -> PitResult:

@@ -18,9 +18,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from spectest.audit.distribution import (Draw, PitResult, SamplingSpec, Violation,
+from spectest.audit.distribution import (Draw, PitResult, SamplingSpec, TokenDist, Violation,
                                          effective_temperature, evaluate, pit_test,
                                          reference_temperature, sampling_dist)
+from spectest.audit import two_sample
 from spectest.audit.samples import Position
 
 
@@ -33,6 +34,7 @@ class Sampled:
     token: int
     scored: Position  # the baseline's scoring of this prefix
     own: Position | None = None  # the candidate's own report for this token
+    sample: int = 0  # which continuation of the prompt (the two-sample test's unit)
 
 
 @dataclass(frozen=True)
@@ -69,16 +71,29 @@ class DistributionResult:
     temperature_fit: float | None  # effective temperature of the candidate's tokens
     temperature_reference: float | None  # the same fit on tokens drawn from the baseline
     prompt_p: tuple[float, ...]  # per-prompt p-value of the same test (descriptive only)
+    # the baseline's own samples under the one-sample test: how far its scoring route is from
+    # the distribution it samples from (None: no control arm, the one-sample test decides)
+    control: PitResult | None = None
+    control_violations: int = 0
 
     @property
     def passed(self) -> bool:
+        if self.control is not None:  # tokens outside the support: judged against the control
+            return self.pit.p_value >= self.alpha
         return not self.violations and self.pit.p_value >= self.alpha
 
     def reason(self) -> str:
         p = self.pit
         figures = (f"{self.tested} sampled tokens, p = {p.p_value:.3g} (alpha {self.alpha:g}; "
                    f"surprise z = {p.z:+.2f}, KS D = {p.ks:.4f}, calibration "
-                   f"chi2({p.df}) = {p.wald:.1f})")
+                   f"{'W' if p.method == 'two-sample' else f'chi2({p.df})'} = {p.wald:.1f})")
+        if self.control is not None:
+            figures += (f", against {p.control_n} tokens the baseline sampled itself "
+                        f"({p.permutations} permutations; the baseline's own tokens against "
+                        f"its scoring: p = {self.control.p_value:.3g})")
+        if self.violations and self.control is not None:
+            return (f"{len(self.violations)} token(s) outside the baseline's support against "
+                    f"{self.control_violations} of its own (p = {p.p_support:.3g}); {figures}")
         if self.violations:
             return f"{len(self.violations)} token(s) outside the baseline's support; {figures}"
         return figures
@@ -103,6 +118,12 @@ class DistributionResult:
         elif "outside top-k" in kinds:
             support = ("the candidate emits tokens outside the baseline's top-k: top-k is not "
                        "applied where tokens are accepted or resampled")
+        if support and self.control is not None:  # judged by rate against the control's
+            p = self.pit
+            if 4 * p.p_support >= self.alpha:
+                support = ""  # no more often than the baseline's own tokens
+            elif 4 * min(p.p_z, p.p_ks, p.p_cal) >= self.alpha:
+                return support  # inside the support the tokens follow the baseline's
         if support and self.pit.p_value >= self.alpha:
             return support  # inside the support the tokens follow the baseline: only a cut
         first, later = self.first, self.later
@@ -145,43 +166,93 @@ class DistributionResult:
 
 
 def check(items: Sequence[Sampled], spec: SamplingSpec, alpha: float, n_prompts: int,
-          seed: int, support_tolerance: float, edge_noise: float = 0.0) -> DistributionResult:
+          seed: int, support_tolerance: float, edge_noise: float = 0.0,
+          control: Sequence[Sampled] | None = None) -> DistributionResult:
     """``edge_noise`` (nats): where the baseline scores by generation it reports only its top-n,
     so a token it ranks just past the top-k edge has no logprob. Such a token is a tie at the
     edge, not a violation, when the candidate's own logprob for it is within ``edge_noise`` of
-    the baseline's k-th (the two servers' ranks swap there by batch-shape noise)."""
+    the baseline's k-th (the two servers' ranks swap there by batch-shape noise).
+
+    ``control``: the baseline's own sampled tokens, scored the same way.  Given, the verdict is
+    the two-sample test against them (:mod:`spectest.audit.two_sample`), not the one-sample
+    test against the scoring."""
     rng = np.random.default_rng(seed)
-    draws, violations, fit_pairs, dists = [], [], [], []
-    skipped = 0
-    for it in items:
-        out = evaluate(it.prompt, it.index, it.token, it.scored, spec, float(rng.random()),
-                       support_tolerance)
-        if (isinstance(out, Violation) and edge_noise > 0 and out.reason == "outside top-k"
-                and it.scored.logprob == float("-inf") and it.own is not None
-                and it.own.reported
-                and sampling_dist(it.scored.top, spec).edge - it.own.logprob < edge_noise):
-            out = None  # unreported by the baseline, within noise of its edge
-        if isinstance(out, Violation):
-            if it.own is not None and it.own.top:
-                own = sampling_dist(it.own.top, spec)
-                out = replace(out, in_candidate_support=bool((own.ids == it.token).any()))
-            violations.append(out)
-        elif out is None:
-            skipped += 1
-        else:
-            draws.append(out)
-        d = sampling_dist(it.scored.top, spec)
-        if spec.top_k > 0 and len(d.raw) > 1:
-            dists.append(d)
-            raw_ids = [t for t, _ in it.scored.top[:spec.top_k]]
-            if it.token in raw_ids:
-                fit_pairs.append((d.raw, raw_ids.index(it.token)))
-    by_prompt: list[list[Draw]] = [[] for _ in range(n_prompts)]
-    for d in draws:
-        by_prompt[d.prompt].append(d)
-    prompt_p = tuple(pit_test(ds).p_value for ds in by_prompt)
+    mine = _Classified.of(items, spec, rng, support_tolerance, edge_noise)
+    draws = mine.draws
+    if control is None:
+        by_prompt: list[list[Draw]] = [[] for _ in range(n_prompts)]
+        for d in draws:
+            by_prompt[d.prompt].append(d)
+        return DistributionResult(
+            spec, alpha, len(draws), mine.skipped, pit_test(draws),
+            SegmentStats.of([d for d in draws if d.index == 0]),
+            SegmentStats.of([d for d in draws if d.index > 0]), tuple(mine.violations),
+            effective_temperature(mine.fit_pairs), reference_temperature(mine.dists, rng),
+            tuple(pit_test(ds).p_value for ds in by_prompt))
+    theirs = _Classified.of(control, spec, rng, support_tolerance, edge_noise)
+
+    def versus(keep, seed: int, permutations: int = two_sample.PERMUTATIONS):
+        a = [d for d in draws if keep(d)]
+        b = [d for d in theirs.draws if keep(d)]
+        outside = [[(v.prompt, v.sample) for v in side.violations if keep(v)]
+                   for side in (mine, theirs)]
+        return a, b, two_sample.test(a, [d.sample for d in a], b, [d.sample for d in b], seed,
+                                     permutations, *outside)
+
+    def segment(keep, seed: int) -> SegmentStats:
+        a, b, pit = versus(keep, seed)
+        if not a or not b:
+            return SegmentStats.of(a)
+        one, other = SegmentStats.of(a), SegmentStats.of(b)
+        return SegmentStats(pit, one.shift_per_token - other.shift_per_token,
+                            math.hypot(one.shift_se, other.shift_se), one.argmax_share,
+                            other.argmax_share)
+
     return DistributionResult(
-        spec, alpha, len(draws), skipped, pit_test(draws),
-        SegmentStats.of([d for d in draws if d.index == 0]),
-        SegmentStats.of([d for d in draws if d.index > 0]), tuple(violations),
-        effective_temperature(fit_pairs), reference_temperature(dists, rng), prompt_p)
+        spec, alpha, len(draws), mine.skipped, versus(lambda d: True, seed)[2],
+        segment(lambda d: d.index == 0, seed + 1), segment(lambda d: d.index > 0, seed + 2),
+        tuple(mine.violations), effective_temperature(mine.fit_pairs),
+        effective_temperature(theirs.fit_pairs),
+        tuple(versus(lambda d, i=i: d.prompt == i, seed + 3 + i, 199)[2].p_value
+              for i in range(n_prompts)),
+        control=pit_test(theirs.draws), control_violations=len(theirs.violations))
+
+
+@dataclass
+class _Classified:
+    """Sampled tokens sorted into informative draws, support violations and skipped ones."""
+
+    draws: list[Draw]
+    violations: list[Violation]
+    skipped: int
+    fit_pairs: list  # (raw top-k logprobs, chosen index) for the temperature fit
+    dists: list[TokenDist]
+
+    @staticmethod
+    def of(items: Sequence[Sampled], spec: SamplingSpec, rng: np.random.Generator,
+           support_tolerance: float, edge_noise: float) -> _Classified:
+        out = _Classified([], [], 0, [], [])
+        for it in items:
+            got = evaluate(it.prompt, it.index, it.token, it.scored, spec, float(rng.random()),
+                           support_tolerance)
+            if (isinstance(got, Violation) and edge_noise > 0 and got.reason == "outside top-k"
+                    and it.scored.logprob == float("-inf") and it.own is not None
+                    and it.own.reported
+                    and sampling_dist(it.scored.top, spec).edge - it.own.logprob < edge_noise):
+                got = None  # unreported by the baseline, within noise of its edge
+            if isinstance(got, Violation):
+                if it.own is not None and it.own.top:
+                    own = sampling_dist(it.own.top, spec)
+                    got = replace(got, in_candidate_support=bool((own.ids == it.token).any()))
+                out.violations.append(replace(got, sample=it.sample))
+            elif got is None:
+                out.skipped += 1
+            else:
+                out.draws.append(replace(got, sample=it.sample))
+            d = sampling_dist(it.scored.top, spec)
+            if spec.top_k > 0 and len(d.raw) > 1:
+                out.dists.append(d)
+                raw_ids = [t for t, _ in it.scored.top[:spec.top_k]]
+                if it.token in raw_ids:
+                    out.fit_pairs.append((d.raw, raw_ids.index(it.token)))
+        return out

@@ -73,9 +73,21 @@ def _details(name: str, result) -> dict:
                 "thresholds": asdict(result.thresholds), "all": asdict(result.all),
                 "first_token": asdict(result.first), "later_tokens": asdict(result.later),
                 "worst_positions": [asdict(d) for d in result.worst]}
-    return {"method": "randomized PIT of the candidate's tokens under the baseline's sampling "
-                      "distribution; surprise z-test + Kolmogorov-Smirnov + probability-bin "
-                      "calibration (Wald), Bonferroni over the three",
+    two = result.control is not None
+    return {"method": ("the candidate's tokens against continuations the baseline sampled "
+                       "itself, both scored by the baseline: permutation test over whole "
+                       "continuations within each prompt of the surprise shift, the two-sample "
+                       "Kolmogorov-Smirnov distance of the PIT values, the probability-bin "
+                       "calibration difference and the rate of tokens outside the support, "
+                       "Bonferroni" if two else
+                       "randomized PIT of the candidate's tokens under the baseline's sampling "
+                       "distribution; surprise z-test + Kolmogorov-Smirnov + probability-bin "
+                       "calibration (Wald), Bonferroni over the three"),
+            "control": None if not two else {
+                "why": "the baseline's scoring route is not exactly the distribution it samples "
+                       "from (noise floor), so the test compares like with like",
+                "baseline_tokens_vs_its_scoring": asdict(result.control),
+                "baseline_violations": result.control_violations},
             "sampling": asdict(result.spec), "alpha": result.alpha,
             "tested_tokens": result.tested, "skipped_tokens": result.skipped,
             "test": asdict(result.pit), "first_token": asdict(result.first),

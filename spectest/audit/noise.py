@@ -36,7 +36,10 @@ KL, top-1 disagreement that is not a near-tie).
 
 A state bug from speculation (a wrong KV rewind, positions off by one) moves logprobs by
 O(1) nats, two to three orders of magnitude above these floors; a lossy acceptance rule is
-caught by the distribution test, which this does not widen.
+caught by the distribution test, which this does not widen: where the floor is above the KL
+tolerance, the scoring route is not the distribution the baseline samples from, and the
+distribution test compares the candidate with the baseline's own samples instead
+(``two_sample``; ``runner._use_control``).
 
 Does not know: HTTP routes (``scoring``) or report files.
 """

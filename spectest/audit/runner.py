@@ -179,21 +179,26 @@ async def _collect(s: AuditSettings, cand_ep: Endpoint, base_ep: Endpoint,
 
         if "distribution" in s.checks:
             t0 = time.perf_counter()
-            triples = await sampled_phase(cand, base, cases, s)
-            result.speculation["sampled"] = _spec_totals([c for _, c, _ in triples])
-            _count(result.coverage, "left_out_tokens", sum(c.left_out for _, c, _ in triples))
+            controlled = _use_control(s, result.noise_floor)
+            if controlled:
+                result.routes["distribution"] += (
+                    "; judged against continuations the baseline sampled itself (two-sample "
+                    "permutation test: " + ("--sampled-control on" if s.sampled_control == "on"
+                                            else "no noise floor measured" if
+                                            result.noise_floor is None else
+                                            "the noise floor shows its scoring is not the "
+                                            "distribution it samples from") + ")")
+            triples, control = await sampled_phase(cand, base, cases, s, controlled)
+            result.speculation["sampled"] = _spec_totals([c for _, _, c, _ in triples])
+            _count(result.coverage, "left_out_tokens",
+                   sum(c.left_out for _, _, c, _ in triples + (control or [])))
             if "logprobs" in s.checks:
-                result.diffs += _diffs(cases, triples, tie_tol, result.coverage)
+                result.diffs += _diffs(cases, [(i, c, sc) for i, _, c, sc in triples], tie_tol,
+                                       result.coverage)
                 result.logprobs = logprobs.check(result.diffs, thresholds)
-            items = []
-            for i, c, sc in triples:
-                for j, tok in enumerate(c.tokens):
-                    here = sc[len(cases[i].ids) + j]
-                    if here is None:
-                        _count(result.coverage, "distribution_unscored")
-                        continue
-                    own = c.positions[j] if c.positions[j].reported else None
-                    items.append(distribution_check.Sampled(i, j, tok, here, own))
+            items = _sampled_items(cases, triples, result.coverage)
+            control_items = (None if control is None else
+                             _sampled_items(cases, control, result.coverage))
             spec = replace(s.sampling, order=_sampling_order(cand.routes))
             # A baseline that disagrees with itself (noise floor) ranks tokens at the top-k
             # edge differently from one computation to the next: edge ties widen with it.
@@ -201,7 +206,7 @@ async def _collect(s: AuditSettings, cand_ep: Endpoint, base_ep: Endpoint,
                 else s.support_tolerance
             result.distribution = distribution_check.check(
                 items, spec, s.alpha, len(cases), s.seed, edge_tol,
-                edge_noise=0.0 if base.routes.echo else tie_tol)
+                edge_noise=0.0 if base.routes.echo else tie_tol, control=control_items)
             result.timings["sampled_s"] = time.perf_counter() - t0
 
 
@@ -249,18 +254,57 @@ def _count(coverage: dict, key: str, n: int = 1) -> None:
     coverage[key] = coverage.get(key, 0) + n
 
 
-async def sampled_phase(cand: Client, base: Client, cases: list[PromptCase],
-                        s: AuditSettings) -> list[tuple[int, Completion, tuple]]:
+def _use_control(s: AuditSettings, floor: noise.NoiseFloor | None) -> bool:
+    """Does the sampled check need the baseline's own samples (``two_sample``)?  Where the
+    noise floor widened the KL tolerance, the baseline's scoring route is measurably not the
+    distribution it decodes from; where no floor was measured, nobody knows."""
+    if s.sampled_control != "auto":
+        return s.sampled_control == "on"
+    if floor is None or not floor.measured:
+        return True
+    return noise.FACTOR * floor.max_kl > s.max_kl
+
+
+Sample = tuple[int, int, Completion, tuple]  # (prompt, continuation, completion, scoring)
+
+
+async def sampled_phase(cand: Client, base: Client, cases: list[PromptCase], s: AuditSettings,
+                        control: bool = False) -> tuple[list[Sample], list[Sample] | None]:
     """``samples_per_prompt`` seeded samples per prompt from the candidate, each scored by the
-    baseline: [(prompt index, candidate completion, baseline scoring of prompt + output)]."""
-    seeds = np.random.default_rng(s.seed).integers(0, 2**31 - 1,
-                                                   (len(cases), s.samples_per_prompt))
-    jobs = [(i, int(seeds[i, k])) for i in range(len(cases)) for k in range(s.samples_per_prompt)]
-    bar = _bar(s, len(jobs) * 2, "sampling")
-    runs = await asyncio.gather(*(_sampled_one(cand, base, cases[i], seed, s, bar)
-                                  for i, seed in jobs))
+    baseline; with ``control``, as many from the baseline itself (other seeds), scored the
+    same way: [(prompt index, continuation, completion, baseline scoring of prompt + output)]
+    for each."""
+    rng = np.random.default_rng(s.seed)
+    shape = (len(cases), s.samples_per_prompt)
+    seeds = rng.integers(0, 2**31 - 1, shape)
+    jobs = [(i, k, int(seeds[i, k])) for i in range(len(cases))
+            for k in range(s.samples_per_prompt)]
+    if control:
+        other = rng.integers(0, 2**31 - 1, shape)
+        jobs += [(i, k, int(other[i, k])) for i in range(len(cases))
+                 for k in range(s.samples_per_prompt)]
+    n = len(cases) * s.samples_per_prompt
+    bar = _bar(s, len(jobs) * 2, "sampling" + (" (and the baseline's own)" if control else ""))
+    runs = await asyncio.gather(*(_sampled_one(cand if j < n else base, base, cases[i], seed, s,
+                                               bar)
+                                  for j, (i, _, seed) in enumerate(jobs)))
     bar.close()
-    return [(i, c, sc) for (i, _), (c, sc) in zip(jobs, runs)]
+    out = [(i, k, c, sc) for (i, k, _), (c, sc) in zip(jobs, runs)]
+    return out[:n], (out[n:] if control else None)
+
+
+def _sampled_items(cases: list[PromptCase], samples: list[Sample],
+                   coverage: dict) -> list[distribution_check.Sampled]:
+    items = []
+    for i, k, c, sc in samples:
+        for j, tok in enumerate(c.tokens):
+            here = sc[len(cases[i].ids) + j]
+            if here is None:
+                _count(coverage, "distribution_unscored")
+                continue
+            own = c.positions[j] if c.positions[j].reported else None
+            items.append(distribution_check.Sampled(i, j, tok, here, own, k))
+    return items
 
 
 async def _greedy_one(cand: Client, base: Client, case: PromptCase, s: AuditSettings, bar):

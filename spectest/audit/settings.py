@@ -66,6 +66,9 @@ class AuditSettings:
     max_top1_disagreement: float = 0.01
     mismatch_tolerance: float = 0.2
     noise_floor: bool = True  # widen tolerances to the baseline's own disagreement (noise.py)
+    # judge sampled tokens against the baseline's own samples (two_sample.py): auto = where the
+    # noise floor widened the tolerances or was not measured; on; off (against the scoring)
+    sampled_control: str = "auto"
     checks: tuple[str, ...] = CHECKS
     # running
     seed: int = 0
@@ -104,6 +107,8 @@ class AuditSettings:
                                 f"{', '.join(flavours.BY_KEY)}")
         if self.scoring not in ("auto", "echo", "generation"):
             problems.append("scoring must be auto, echo or generation")
+        if self.sampled_control not in ("auto", "on", "off"):
+            problems.append("sampled-control must be auto, on or off")
         if self.prompt_format not in ("auto", "token-ids", "text"):
             problems.append("prompt-format must be auto, token-ids or text")
         unknown = set(self.checks) - set(CHECKS)
