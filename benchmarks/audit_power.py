@@ -21,10 +21,14 @@
    PIT, and the two-sample G-test (the method
    the issue suggests: k draws per prompt from each server, G-test per prompt, Bonferroni over
    prompts) given the same candidate-token budget plus as many baseline tokens, in its best
-   case (all draws at one prefix per prompt, one token each).
+   case (all draws at one prefix per prompt, one token each).  And the check the auditor runs
+   where the baseline's scoring is not exactly what it samples from (``--sampled-control``,
+   ``audit.two_sample``): the same candidate tokens against as many tokens the baseline
+   sampled itself, cut into continuations of --sample-tokens, permutation p-values
+   (``--two-reps`` audits per sampler, 999 permutations each).
 
     python benchmarks/audit_power.py [--models DIR] [--reps 500] [--null-reps 4000]
-                                     [--e2e-runs 3] [--json F]
+                                     [--two-reps 100] [--e2e-runs 3] [--json F]
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from scipy import stats
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from spectest.audit import distribution, runner
+from spectest.audit import distribution, runner, two_sample
 from spectest.audit.client import Client
 from spectest.audit.prompts import load_records, tokenize
 from spectest.audit.servers import ServerProcess, ServerSpec
@@ -165,7 +169,40 @@ def gtest_pvalue(p_first: np.ndarray, q_first: np.ndarray, m: int,
     return min(1.0, len(pvals) * min(pvals))
 
 
-def simulate(pool, firsts, n, reps, null_reps, alpha, g_reps, seed) -> pd.DataFrame:
+def as_draws(p: np.ndarray, j: np.ndarray, rng: np.random.Generator, tokens: int,
+             samples: int) -> list[distribution.Draw]:
+    """Simulated tokens j [M] at distributions p [M, k] as the auditor's Draws, cut into
+    continuations of ``tokens`` positions, ``samples`` continuations per prompt."""
+    rows = np.arange(len(p))
+    u = (np.cumsum(p, 1) - p)[rows, j] + rng.random(len(p)) * p[rows, j]
+    logs = np.where(p > 0, np.log(np.where(p > 0, p, 1)), 0)
+    neg_h = (p * logs).sum(1)
+    var = np.maximum((p * logs ** 2).sum(1) - neg_h ** 2, 0)
+    edges = np.array(distribution.PROB_BINS)
+    bins = np.clip(np.searchsorted(edges, p, side="right") - 1, 0, len(edges) - 2)
+    mass = np.stack([np.where((bins == b) & (p > 0), p, 0).sum(1)
+                     for b in range(len(edges) - 1)], 1)
+    seq = rows // tokens
+    return [distribution.Draw(int(s // samples), int(k % tokens), float(u[k]),
+                              float(logs[k, j[k]]), float(neg_h[k]), float(var[k]),
+                              float(p[k, 0]), bool(j[k] == 0), int(bins[k, j[k]]),
+                              tuple(mass[k].tolist()), int(s % samples))
+            for k, s in enumerate(seq)]
+
+
+def two_sample_pvalue(p: np.ndarray, q: np.ndarray, rng: np.random.Generator, tokens: int,
+                      samples: int, permutations: int) -> float:
+    """The calibrated check (``audit.two_sample``): candidate tokens from q, as many control
+    tokens from p at other prefixes of the same pool, both judged under p."""
+    cand = as_draws(p, draw(q, rng), rng, tokens, samples)
+    ctrl_p = p[rng.permutation(len(p))]
+    ctrl = as_draws(ctrl_p, draw(ctrl_p, rng), rng, tokens, samples)
+    return two_sample.test(cand, [d.sample for d in cand], ctrl, [d.sample for d in ctrl],
+                           int(rng.integers(1 << 30)), permutations).p_value
+
+
+def simulate(pool, firsts, n, reps, null_reps, alpha, g_reps, seed, two_reps=0,
+             tokens=32, samples=8, permutations=999) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
     out = []
     for family in ("null",) + FAMILIES:
@@ -188,6 +225,12 @@ def simulate(pool, firsts, n, reps, null_reps, alpha, g_reps, seed) -> pd.DataFr
         row = {"sampler": family, "mean TV": float(np.mean(tvs))}
         row.update({k: v / n_reps for k, v in rejections.items()})
         row["two-sample G-test"] = g / g_reps if g_reps else float("nan")
+        t = 0
+        for _ in range(two_reps):
+            p = pool[rng.integers(len(pool), size=n)]
+            q = p if family == "null" else shifted(p, family, rng)[0]
+            t += two_sample_pvalue(p, q, rng, tokens, samples, permutations) < alpha
+        row["against own samples"] = t / two_reps if two_reps else float("nan")
         out.append(row)
     return pd.DataFrame(out)
 
@@ -228,6 +271,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=500, help="simulated audits per shifted sampler")
     ap.add_argument("--null-reps", type=int, default=4000, help="simulated audits of the null")
     ap.add_argument("--g-reps", type=int, default=200, help="simulated G-tests per sampler")
+    ap.add_argument("--two-reps", type=int, default=100, help="simulated audits per sampler "
+                    "of the check against the baseline's own samples (--sampled-control)")
     ap.add_argument("--e2e-runs", type=int, default=3, help="default audits, end to end")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = ap.parse_args()
@@ -268,7 +313,8 @@ def main() -> int:
           f"(support >= 2); mean p_max {pool[:, 0].mean():.2f}; simulating {args.null_reps} "
           f"null and {args.reps} shifted audits of {n} tokens per sampler at alpha {s.alpha}")
     t0 = time.perf_counter()
-    df = simulate(pool, firsts, n, args.reps, args.null_reps, s.alpha, args.g_reps, seed=0)
+    df = simulate(pool, firsts, n, args.reps, args.null_reps, s.alpha, args.g_reps, seed=0,
+                  two_reps=args.two_reps, tokens=s.sample_tokens, samples=s.samples_per_prompt)
     print(df.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     fpr = df.loc[df.sampler == "null", "auditor"].item()
     k = round(fpr * args.null_reps)  # Clopper-Pearson upper bound
@@ -281,6 +327,17 @@ def main() -> int:
           f"{100 * g_power.mean():.1f}% (auditor/G-test ratio "
           f"{power.mean() / max(g_power.mean(), 1e-9):.1f}x); simulated in "
           f"{time.perf_counter() - t0:.0f} s")
+    if args.two_reps:
+        two = df.loc[df.sampler != "null", "against own samples"]
+        t_fp = df.loc[df.sampler == "null", "against own samples"].item()
+        k2 = round(t_fp * args.two_reps)
+        hi2 = float(stats.beta.ppf(0.975, k2 + 1, args.two_reps - k2)) \
+            if k2 < args.two_reps else 1.0
+        print(f"against the baseline's own samples (the check where the scoring is not exact, "
+              f"{args.two_reps} simulated audits per sampler, as many control tokens): false-"
+              f"positive rate {100 * t_fp:.1f}% (95% upper bound {100 * hi2:.1f}%), detection "
+              f"at TV {TV}: min {100 * two.min():.1f}% / mean {100 * two.mean():.1f}%")
+        results.update(two_sample_false_positive_rate=t_fp, two_sample_fpr_upper_95=hi2)
     results.update(false_positive_rate=fpr, fpr_upper_95=hi, power=df.to_dict("records"),
                    informative_positions=n)
     if args.json:
