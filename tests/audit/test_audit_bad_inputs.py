@@ -73,6 +73,9 @@ def test_config_file_unknown_key_and_bad_toml(tmp_path):
                        "unknown setting 'max-kll'")
     cfg.write_text('max-kl = [\n')
     _assert_cannot_run(run_audit(tmp_path, "--config", str(cfg), timeout=60), "not valid TOML")
+    cfg.write_text('sampled-control = "always"\n')
+    _assert_cannot_run(run_audit(tmp_path, "--config", str(cfg), timeout=60),
+                       "sampled-control must be auto, on or off")
 
 
 class LogprobStripper(RewritingProxy):
