@@ -103,7 +103,8 @@ def test(cand: Sequence[Draw], cand_seq: Sequence[int], ctrl: Sequence[Draw],
         d = ((tok @ resid) / n_c[:, None] - (resid.sum(0) - tok @ resid) / n_k[:, None])[:, keep]
         wald = np.einsum("pb,bc,pc->p", d, inv, d) / (1 / n_c + 1 / n_k)  # [P]
         sorted_tok = tok[:, order]  # [P, N]
-        gap = np.cumsum(sorted_tok, 1) / n_c[:, None] - np.cumsum(1 - sorted_tok, 1) / n_k[:, None]
+        gap = (np.cumsum(sorted_tok, 1) / n_c[:, None]
+               - np.cumsum(1 - sorted_tok, 1) / n_k[:, None])  # ECDF difference [P, N]
         lab = labels.astype(np.float64)  # [P, n_seq]
         rate = lab @ viol / np.maximum(lab @ seen, 1) \
             - (viol.sum() - lab @ viol) / np.maximum(seen.sum() - lab @ seen, 1)
@@ -117,7 +118,7 @@ def test(cand: Sequence[Draw], cand_seq: Sequence[int], ctrl: Sequence[Draw],
         perm = _shuffle_within(arm, stratum, min(CHUNK, permutations - start), rng)
         with np.errstate(divide="ignore", invalid="ignore"):
             s = stats_of(perm)
-        s = np.nan_to_num(s, nan=np.inf, posinf=np.inf)  # an arm left with no draws: counted as extreme
+        s = np.nan_to_num(s, nan=np.inf, posinf=np.inf)  # an arm with no draws: as extreme
         exceed += (s >= observed - 1e-12).sum(0)
         shifts.append(s[:, 0])
     p = (1 + exceed) / (1 + permutations)
