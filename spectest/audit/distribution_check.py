@@ -18,10 +18,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from spectest.audit import two_sample
 from spectest.audit.distribution import (Draw, PitResult, SamplingSpec, TokenDist, Violation,
                                          effective_temperature, evaluate, pit_test,
                                          reference_temperature, sampling_dist)
-from spectest.audit import two_sample
 from spectest.audit.samples import Position
 
 

@@ -39,7 +39,7 @@ O(1) nats, two to three orders of magnitude above these floors; a lossy acceptan
 caught by the distribution test, which this does not widen: where the floor is above the KL
 tolerance, the scoring route is not the distribution the baseline samples from, and the
 distribution test compares the candidate with the baseline's own samples instead
-(``two_sample``; ``runner._use_control``).
+(``two_sample``; ``runner._control_reason``).
 
 Does not know: HTTP routes (``scoring``) or report files.
 """

@@ -179,16 +179,12 @@ async def _collect(s: AuditSettings, cand_ep: Endpoint, base_ep: Endpoint,
 
         if "distribution" in s.checks:
             t0 = time.perf_counter()
-            controlled = _use_control(s, result.noise_floor)
-            if controlled:
-                result.routes["distribution"] += (
-                    "; judged against continuations the baseline sampled itself (two-sample "
-                    "permutation test: " + ("--sampled-control on" if s.sampled_control == "on"
-                                            else "no noise floor measured" if
-                                            result.noise_floor is None else
-                                            "the noise floor shows its scoring is not the "
-                                            "distribution it samples from") + ")")
-            triples, control = await sampled_phase(cand, base, cases, s, controlled)
+            why = _control_reason(s, result.noise_floor)
+            if why:
+                result.routes["distribution"] += ("; judged against continuations the baseline "
+                                                  f"sampled itself (two-sample permutation "
+                                                  f"test: {why})")
+            triples, control = await sampled_phase(cand, base, cases, s, bool(why))
             result.speculation["sampled"] = _spec_totals([c for _, _, c, _ in triples])
             _count(result.coverage, "left_out_tokens",
                    sum(c.left_out for _, _, c, _ in triples + (control or [])))
@@ -254,15 +250,17 @@ def _count(coverage: dict, key: str, n: int = 1) -> None:
     coverage[key] = coverage.get(key, 0) + n
 
 
-def _use_control(s: AuditSettings, floor: noise.NoiseFloor | None) -> bool:
-    """Does the sampled check need the baseline's own samples (``two_sample``)?  Where the
-    noise floor widened the KL tolerance, the baseline's scoring route is measurably not the
-    distribution it decodes from; where no floor was measured, nobody knows."""
+def _control_reason(s: AuditSettings, floor: noise.NoiseFloor | None) -> str | None:
+    """Why the sampled check needs the baseline's own samples (``two_sample``), or None.
+    Where the noise floor widened the KL tolerance, the baseline's scoring route is measurably
+    not the distribution it decodes from; where no floor was measured, nobody knows."""
     if s.sampled_control != "auto":
-        return s.sampled_control == "on"
+        return "--sampled-control on" if s.sampled_control == "on" else None
     if floor is None or not floor.measured:
-        return True
-    return noise.FACTOR * floor.max_kl > s.max_kl
+        return "no noise floor measured"
+    if noise.FACTOR * floor.max_kl > s.max_kl:
+        return "the noise floor shows its scoring is not the distribution it samples from"
+    return None
 
 
 Sample = tuple[int, int, Completion, tuple]  # (prompt, continuation, completion, scoring)

@@ -35,11 +35,13 @@ The p-value of each is (1 + #{permuted >= observed}) / (1 + permutations).
 
 Cost: the baseline's continuations double the sampled phase, and comparing two noisy arms
 needs a larger shift than comparing one arm with a known distribution (about sqrt(2) in the
-z-scale at equal sizes).  Measured by ``benchmarks/audit_power.py`` (the embedded pair's sampling
-distributions, default audit size, 6,604 informative tokens a side, 60 simulated audits per
-sampler): detection of the seven TV-0.05 shifts min 96.7 % / mean 99.0 % (the one-sample test:
-100 % / 100 %), 0 false positives in 60.  End to end, the engine's lossy-threshold fault at 16
-prompts x 12 samples x 32 tokens, which the one-sample test catches, went undetected (p = 0.21).
+z-scale at equal sizes).  Measured by ``python benchmarks/audit_power.py --reps 200 --null-reps
+1000 --g-reps 0 --two-reps 60 --e2e-runs 1`` (the embedded pair's sampling distributions,
+default audit size, 6,604 informative tokens a side, 60 simulated audits per sampler):
+detection of the seven TV-0.05 shifts min 96.7 % / mean 99.0 % (the one-sample test: 100 % /
+100 %), 0 false positives in 60.  End to end, the engine's lossy-threshold fault at 16
+prompts x 12 samples x 32 tokens, which the one-sample test catches, went undetected (p = 0.21:
+``FAULTS["lossy-threshold"]`` of ``tests/audit/test_audit_e2e.py`` with ``--sampled-control on``).
 On int8 SmolLM2 a default audit's sampled phase took 820-850 s instead of 247 s (two audits
 sharing the 2 cores).  ``runner`` therefore uses it where it is needed: when the measured
 noise floor widened the tolerances, or when no floor was measured (``--sampled-control auto``).
