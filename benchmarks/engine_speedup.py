@@ -25,8 +25,14 @@ Each speedup comes with a 95 % bootstrap interval over paired requests (the same
 an arm and through target-only); ``--repeats R`` runs every arm R times over the prompts,
 interleaved with the order rotated, so slow drift of this VM lands on every arm alike.
 
+``--confidence T[,T…]`` adds, for every arm that drafts with a model, a twin gated by the
+draft's confidence (``ConfidenceK``: a round's drafting stops where the draft's top probability
+falls below T, so a round whose first draft is unsure is a plain step), to measure whether
+skipping unsure drafts pays.
+
     python benchmarks/engine_speedup.py [--pair embedded|smollm2] [--prompts 6] [--repeats 1]
-                                        [--max-tokens 128] [--k K]
+                                        [--max-tokens 128] [--k K] [--workloads chat,code]
+                                        [--confidence 0.3]
 """
 
 from __future__ import annotations
@@ -44,7 +50,8 @@ import torch
 from scipy import stats as stats_lib
 
 from spectest.engine.api import MODELS_DIR, build_engine, default_k
-from spectest.engine.policies import FixedK
+from spectest.engine.drafter_names import model_drafter
+from spectest.engine.policies import ConfidenceK, FixedK
 from spectest.engine.requests import GenerationRequest
 from spectest.engine.sampling import SamplingParams
 from spectest.loadgen.datasets import load_dataset
@@ -251,6 +258,12 @@ def main() -> None:
     ap.add_argument("--batches", default=None, help="default 1,4,16,32 (smollm2: 1,4,8)")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--json", default=None, help="also write the figures to this file")
+    ap.add_argument("--workloads", default=None,
+                    help="comma-separated subset of chat,code,rag (and pysrc on the embedded "
+                         "pair); default all")
+    ap.add_argument("--confidence", default=None,
+                    help="comma-separated thresholds: add a confidence-gated twin of every "
+                         "arm that drafts with a model, one per threshold")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -258,6 +271,11 @@ def main() -> None:
         return default_k(args.pair, drafter) if args.k is None else args.k
     k = k_for("draft-model")
     smollm2 = args.pair == "smollm2"
+    known = ("chat", "code", "rag") + (() if smollm2 else ("pysrc",))
+    unknown = sorted(set((args.workloads or "").split(",")) - set(known) - {""})
+    if unknown:
+        raise SystemExit(f"engine_speedup: unknown workload(s) {', '.join(unknown)} "
+                         f"(choose from {', '.join(known)})")
     batches = args.batches or ("1,4,8" if smollm2 else "1,4,16,32")
     slots = max(int(b) for b in batches.split(","))
     arms = [("target-only", "none", 0), ("draft-model", "draft-model", k),
@@ -266,9 +284,16 @@ def main() -> None:
     if smollm2 and (MODELS_DIR / "smollm2-eagle").is_dir():
         arms += [("eagle", "eagle", k_for("eagle")),
                  ("ngram+eagle", "ngram+eagle", k_for("ngram+eagle"))]
-    engines = {name: build_engine(args.pair, drafter=drafter, policy=FixedK(kk),
+    policies = {name: FixedK(kk) for name, _, kk in arms}
+    for threshold in (float(t) for t in (args.confidence or "").split(",") if t):
+        for name, drafter, kk in list(arms):
+            if model_drafter(drafter) in ("draft-model", "eagle") and " " not in name:
+                gated = f"{name} conf={threshold:g}"
+                arms.append((gated, drafter, kk))
+                policies[gated] = ConfidenceK(k_max=kk, threshold=threshold)
+    engines = {name: build_engine(args.pair, drafter=drafter, policy=policies[name],
                                   max_num_seqs=slots)
-               for name, drafter, kk in arms}
+               for name, drafter, _ in arms}
     drafting = [name for name in engines if name != "target-only"]
     tok = engines["target-only"].tokenizer
     print(f"pair {args.pair}: {engines['target-only'].target.quantization} weights, "
@@ -282,6 +307,8 @@ def main() -> None:
                    for c in ("chat", "code", "rag")}
     if not smollm2:
         prompt_sets["pysrc"] = third_party_code(tok, args.prompts)
+    if args.workloads:
+        prompt_sets = {w: prompt_sets[w] for w in args.workloads.split(",")}
     names = list(engines)
     for category, prompts in prompt_sets.items():
         for temperature in (0.0, 0.7):
@@ -367,11 +394,23 @@ def main() -> None:
         ng = greedy.loc[(w, "ngram")]
         print(f"  {w:5s} ngram {ng.speedup:.2f}× ({ng.speedup_lo:.2f}–{ng.speedup_hi:.2f}), "
               f"acceptance {ng.acceptance_rate}")
+    for name in (n for n in drafting if " conf=" in n):
+        twin = name.split(" ")[0]
+        for w in prompt_sets:
+            gated, fixed = greedy.loc[(w, name)], greedy.loc[(w, twin)]
+            print(f"  {w:5s} {name}: {gated.speedup:.2f}× ({gated.speedup_lo:.2f}–"
+                  f"{gated.speedup_hi:.2f}) against {fixed.speedup:.2f}× ungated; acceptance "
+                  f"{gated.acceptance_rate} against {fixed.acceptance_rate}, rounds drafted "
+                  f"{gated.draft_share} against {fixed.draft_share}")
     if smollm2:
         for w in ("chat", "code"):
+            if w not in prompt_sets:
+                continue
             best = greedy.loc[w].drop("target-only").speedup.idxmax()
             print(f"  {w}: fastest arm {best} {greedy.loc[(w, best)].speedup:.2f}× "
                   f"(target >= 1.8×)")
+    if not {"chat", "code", "rag"} <= set(prompt_sets):
+        return _write(args.json, rows, thr, peer)
     ngram_acc = {w: greedy.loc[(w, "ngram")].acceptance_rate or 0 for w in ("chat", "code", "rag")}
     dm_acc = {w: greedy.loc[(w, "draft-model")].acceptance_rate or 0 for w in ("chat", "rag")}
     if "eagle" in engines:
@@ -384,8 +423,12 @@ def main() -> None:
     print(f"  RAG has the highest n-gram acceptance: "
           f"{max(ngram_acc, key=ngram_acc.get) == 'rag'} ({ngram_acc}); draft-model acceptance "
           f"on RAG >= chat: {dm_acc['rag'] >= dm_acc['chat']} ({dm_acc})")
-    if args.json:
-        with open(args.json, "w") as f:
+    _write(args.json, rows, thr, peer)
+
+
+def _write(path, rows, thr, peer) -> None:
+    if path:
+        with open(path, "w") as f:
             json.dump({"batch1": rows, "throughput": thr, "hf": peer}, f, indent=2)
 
 

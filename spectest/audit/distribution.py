@@ -234,7 +234,7 @@ class PitResult:
     wald: float  # calibration statistic, chi-square with df degrees of freedom under H0
     df: int
     p_cal: float
-    p_value: float  # Bonferroni over the three
+    p_value: float  # Bonferroni over the ``tests`` statistics
     mean_u: float
     calibration: Calibration | None = None
     # "one-sample": against the baseline's scoring; "two-sample": against the baseline's own
@@ -243,6 +243,7 @@ class PitResult:
     control_n: int = 0
     permutations: int = 0
     p_support: float = 1.0  # two-sample: rate of tokens outside the support vs the control's
+    tests: int = 3  # how many p-values p_value is the Bonferroni minimum of
 
     @staticmethod
     def empty() -> PitResult:

@@ -48,14 +48,16 @@ class SegmentStats:
     argmax_expected: float
 
     @staticmethod
-    def of(draws: Sequence[Draw]) -> SegmentStats:
+    def of(draws: Sequence[Draw], pit: PitResult | None = None) -> SegmentStats:
+        """``pit``: the segment's test when already run (two-sample); None: the one-sample
+        test of ``draws``."""
         n = len(draws)
         if not n:
-            return SegmentStats(PitResult.empty(), 0.0, 0.0, 0.0, 0.0)
+            return SegmentStats(pit or PitResult.empty(), 0.0, 0.0, 0.0, 0.0)
         shift = sum(d.logp - d.neg_entropy for d in draws) / n
         se = math.sqrt(sum(d.var for d in draws)) / n
-        return SegmentStats(pit_test(draws), shift, se, sum(d.is_argmax for d in draws) / n,
-                            sum(d.p_max for d in draws) / n)
+        return SegmentStats(pit or pit_test(draws), shift, se,
+                            sum(d.is_argmax for d in draws) / n, sum(d.p_max for d in draws) / n)
 
 
 @dataclass(frozen=True)
@@ -120,9 +122,9 @@ class DistributionResult:
                        "applied where tokens are accepted or resampled")
         if support and self.control is not None:  # judged by rate against the control's
             p = self.pit
-            if 4 * p.p_support >= self.alpha:
+            if p.tests * p.p_support >= self.alpha:
                 support = ""  # no more often than the baseline's own tokens
-            elif 4 * min(p.p_z, p.p_ks, p.p_cal) >= self.alpha:
+            elif p.tests * min(p.p_z, p.p_ks, p.p_cal) >= self.alpha:
                 return support  # inside the support the tokens follow the baseline's
         if support and self.pit.p_value >= self.alpha:
             return support  # inside the support the tokens follow the baseline: only a cut
@@ -186,7 +188,7 @@ def check(items: Sequence[Sampled], spec: SamplingSpec, alpha: float, n_prompts:
         return DistributionResult(
             spec, alpha, len(draws), mine.skipped, pit_test(draws),
             SegmentStats.of([d for d in draws if d.index == 0]),
-            SegmentStats.of([d for d in draws if d.index > 0]), tuple(mine.violations),
+            SegmentStats.of([d for d in draws if d.index > 0]), mine.violations,
             effective_temperature(mine.fit_pairs), reference_temperature(mine.dists, rng),
             tuple(pit_test(ds).p_value for ds in by_prompt))
     theirs = _Classified.of(control, spec, rng, support_tolerance, edge_noise)
@@ -203,7 +205,7 @@ def check(items: Sequence[Sampled], spec: SamplingSpec, alpha: float, n_prompts:
         a, b, pit = versus(keep, seed)
         if not a or not b:
             return SegmentStats.of(a)
-        one, other = SegmentStats.of(a), SegmentStats.of(b)
+        one, other = SegmentStats.of(a, pit), SegmentStats.of(b, pit)  # shifts only
         return SegmentStats(pit, one.shift_per_token - other.shift_per_token,
                             math.hypot(one.shift_se, other.shift_se), one.argmax_share,
                             other.argmax_share)
@@ -211,27 +213,31 @@ def check(items: Sequence[Sampled], spec: SamplingSpec, alpha: float, n_prompts:
     return DistributionResult(
         spec, alpha, len(draws), mine.skipped, versus(lambda d: True, seed)[2],
         segment(lambda d: d.index == 0, seed + 1), segment(lambda d: d.index > 0, seed + 2),
-        tuple(mine.violations), effective_temperature(mine.fit_pairs),
+        mine.violations, effective_temperature(mine.fit_pairs),
         effective_temperature(theirs.fit_pairs),
         tuple(versus(lambda d, i=i: d.prompt == i, seed + 3 + i, 199)[2].p_value
               for i in range(n_prompts)),
         control=pit_test(theirs.draws), control_violations=len(theirs.violations))
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Classified:
     """Sampled tokens sorted into informative draws, support violations and skipped ones."""
 
-    draws: list[Draw]
-    violations: list[Violation]
+    draws: tuple[Draw, ...]
+    violations: tuple[Violation, ...]
     skipped: int
-    fit_pairs: list  # (raw top-k logprobs, chosen index) for the temperature fit
-    dists: list[TokenDist]
+    fit_pairs: tuple  # (raw top-k logprobs, chosen index) for the temperature fit
+    dists: tuple[TokenDist, ...]
 
     @staticmethod
     def of(items: Sequence[Sampled], spec: SamplingSpec, rng: np.random.Generator,
            support_tolerance: float, edge_noise: float) -> _Classified:
-        out = _Classified([], [], 0, [], [])
+        draws: list[Draw] = []
+        violations: list[Violation] = []
+        skipped = 0
+        fit_pairs: list = []
+        dists: list[TokenDist] = []
         for it in items:
             got = evaluate(it.prompt, it.index, it.token, it.scored, spec, float(rng.random()),
                            support_tolerance)
@@ -244,15 +250,16 @@ class _Classified:
                 if it.own is not None and it.own.top:
                     own = sampling_dist(it.own.top, spec)
                     got = replace(got, in_candidate_support=bool((own.ids == it.token).any()))
-                out.violations.append(replace(got, sample=it.sample))
+                violations.append(replace(got, sample=it.sample))
             elif got is None:
-                out.skipped += 1
+                skipped += 1
             else:
-                out.draws.append(replace(got, sample=it.sample))
+                draws.append(replace(got, sample=it.sample))
             d = sampling_dist(it.scored.top, spec)
             if spec.top_k > 0 and len(d.raw) > 1:
-                out.dists.append(d)
+                dists.append(d)
                 raw_ids = [t for t, _ in it.scored.top[:spec.top_k]]
                 if it.token in raw_ids:
-                    out.fit_pairs.append((d.raw, raw_ids.index(it.token)))
-        return out
+                    fit_pairs.append((d.raw, raw_ids.index(it.token)))
+        return _Classified(tuple(draws), tuple(violations), skipped, tuple(fit_pairs),
+                           tuple(dists))

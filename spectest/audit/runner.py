@@ -236,10 +236,17 @@ def _record_routes(result: AuditRun, cand: Routes, base: Routes, s: AuditSetting
                         f"from a draft (logprob 0, no alternatives): those positions are left "
                         f"out and counted, never read as p = 1")),
         "distribution": (f"{prompts}; {scoring_route}; sampling modelled in "
-                         f"{_sampling_order(cand)} order"
-                         + ("" if cand.flavour is None or not cand.flavour.sampling_overrides
-                            else f" with {', '.join(f'{k}={v}' for k, v in sorted(cand.flavour.sampling_overrides.items()))} sent to the candidate")),
+                         f"{_sampling_order(cand)} order{_overrides_sent(cand)}"),
     }
+
+
+def _overrides_sent(routes: Routes) -> str:
+    """The flavour's sampling overrides sent to the candidate, as a clause ('' if none)."""
+    overrides = routes.flavour.sampling_overrides if routes.flavour else None
+    if not overrides:
+        return ""
+    pairs = ", ".join(f"{k}={v}" for k, v in sorted(overrides.items()))
+    return f" with {pairs} sent to the candidate"
 
 
 def _sampling_order(routes: Routes) -> str:

@@ -142,7 +142,8 @@ def test(cand: Sequence[Draw], cand_seq: Sequence[int], ctrl: Sequence[Draw],
                      float(p[1]), float(observed[2]), len(keep), float(p[2]),
                      float(min(1.0, tests * p.min())), float(u[mine].mean()),
                      calibration_test(list(cand))[3], method="two-sample",
-                     control_n=len(ctrl), permutations=permutations, p_support=float(p[3]))
+                     control_n=len(ctrl), permutations=permutations, p_support=float(p[3]),
+                     tests=tests)
 
 
 def _shuffle_within(arm: np.ndarray, stratum: np.ndarray, rows: int,
