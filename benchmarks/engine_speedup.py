@@ -170,6 +170,25 @@ def paired_interval(stats, base_stats, confidence: float = 0.95) -> tuple[float,
         round(float(res.confidence_interval.high), 3)
 
 
+def acceptance_interval(stats, confidence: float = 0.95) -> tuple[float, float]:
+    """A bootstrap interval of the acceptance rate (accepted / proposed draft tokens, pooled as
+    the headline figure is), resampling requests: a short answer proposes few drafts, so
+    comparing workloads' acceptance needs to know how many stand behind each."""
+    proposed = np.array([st.draft_tokens for st in stats], dtype=float)
+    accepted = np.array([st.accepted_tokens for st in stats], dtype=float)
+    if len(stats) < 2 or proposed.sum() == 0:
+        return float("nan"), float("nan")
+
+    def rate(acc, prop, axis=-1):
+        return acc.sum(axis) / np.maximum(prop.sum(axis), 1)
+
+    res = stats_lib.bootstrap((accepted, proposed), rate, paired=True, vectorized=True,
+                              confidence_level=confidence, n_resamples=4000,
+                              method="percentile", random_state=0)
+    return round(float(res.confidence_interval.low), 3), \
+        round(float(res.confidence_interval.high), 3)
+
+
 def _mean_ms(seconds) -> float | None:
     seconds = list(seconds)
     return round(statistics.mean(seconds) * 1e3, 3) if seconds else None
@@ -261,6 +280,9 @@ def main() -> None:
     ap.add_argument("--workloads", default=None,
                     help="comma-separated subset of chat,code,rag (and pysrc on the embedded "
                          "pair); default all")
+    ap.add_argument("--arms", default=None,
+                    help="comma-separated subset of the drafting arms (target-only always "
+                         "runs), e.g. ngram; default all")
     ap.add_argument("--confidence", default=None,
                     help="comma-separated thresholds: add a confidence-gated twin of every "
                          "arm that drafts with a model, one per threshold")
@@ -284,6 +306,13 @@ def main() -> None:
     if smollm2 and (MODELS_DIR / "smollm2-eagle").is_dir():
         arms += [("eagle", "eagle", k_for("eagle")),
                  ("ngram+eagle", "ngram+eagle", k_for("ngram+eagle"))]
+    if args.arms:
+        wanted = set(args.arms.split(","))
+        unknown = sorted(wanted - {name for name, _, _ in arms})
+        if unknown:
+            raise SystemExit(f"engine_speedup: unknown arm(s) {', '.join(unknown)} (choose "
+                             f"from {', '.join(name for name, _, _ in arms[1:])})")
+        arms = [arm for arm in arms if arm[0] in wanted or arm[0] == "target-only"]
     policies = {name: FixedK(kk) for name, _, kk in arms}
     for threshold in (float(t) for t in (args.confidence or "").split(",") if t):
         for name, drafter, kk in list(arms):
@@ -334,6 +363,8 @@ def main() -> None:
                 row["speedup_lo"], row["speedup_hi"] = paired_interval(
                     stats, got["target-only"][3])
                 row["requests"] = len(stats)
+                row["acceptance_lo"], row["acceptance_hi"] = acceptance_interval(stats)
+                row["draft_tokens"] = sum(st.draft_tokens for st in stats)
                 row["wall_speedup"] = round(row["tok_s"] / base["tok_s"], 3)
                 row["predicted"] = (predicted_speedup(row, base, arm_k[name])
                                     if name != "target-only" else 1.0)
@@ -362,13 +393,14 @@ def main() -> None:
         thr.append(line)
         print(line, flush=True)
     thr_table = pd.DataFrame(thr)
-    losing = thr_table[thr_table["draft-model/target"] < 1.0]["batch"].tolist()
     print(thr_table.to_string(index=False))
-    print(f"draft-model speculation stops paying at batch: "
-          f"{losing[0] if losing else 'not reached (pays at every measured batch)'}")
+    for name in drafting:
+        losing = thr_table[thr_table[f"{name}/target"] < 1.0]["batch"].tolist()
+        print(f"{name} speculation stops paying at batch: "
+              f"{losing[0] if losing else 'not reached (pays at every measured batch)'}")
 
     peer = {}
-    if not args.skip_hf and not smollm2:
+    if not args.skip_hf and not smollm2 and {"draft-model", "ngram"} <= set(engines):
         print("\n== Hugging Face transformers on the same pair and prompts (greedy, batch 1) ==")
         code = prompt_sets["code"] + prompt_sets["chat"] + prompt_sets["rag"]
         peer = hf_peer(code, args.max_tokens, k)
@@ -391,9 +423,11 @@ def main() -> None:
                   f"(predicted {dm.predicted}, error "
                   f"{abs(dm.speedup - dm.predicted) / dm.predicted:.0%}), acceptance "
                   f"{dm.acceptance_rate}, mean accepted length {dm.mean_accepted_length}")
-        ng = greedy.loc[(w, "ngram")]
-        print(f"  {w:5s} ngram {ng.speedup:.2f}× ({ng.speedup_lo:.2f}–{ng.speedup_hi:.2f}), "
-              f"acceptance {ng.acceptance_rate}")
+        if "ngram" in engines:
+            ng = greedy.loc[(w, "ngram")]
+            print(f"  {w:5s} ngram {ng.speedup:.2f}× ({ng.speedup_lo:.2f}–{ng.speedup_hi:.2f}), "
+                  f"acceptance {ng.acceptance_rate} ({ng.acceptance_lo}–{ng.acceptance_hi}, "
+                  f"{int(ng.draft_tokens)} draft tokens over {int(ng.requests)} requests)")
     for name in (n for n in drafting if " conf=" in n):
         twin = name.split(" ")[0]
         for w in prompt_sets:
@@ -402,27 +436,31 @@ def main() -> None:
                   f"{gated.speedup_hi:.2f}) against {fixed.speedup:.2f}× ungated; acceptance "
                   f"{gated.acceptance_rate} against {fixed.acceptance_rate}, rounds drafted "
                   f"{gated.draft_share} against {fixed.draft_share}")
-    if smollm2:
+    if smollm2 and drafting:
         for w in ("chat", "code"):
             if w not in prompt_sets:
                 continue
             best = greedy.loc[w].drop("target-only").speedup.idxmax()
             print(f"  {w}: fastest arm {best} {greedy.loc[(w, best)].speedup:.2f}× "
                   f"(target >= 1.8×)")
-    if not {"chat", "code", "rag"} <= set(prompt_sets):
-        return _write(args.json, rows, thr, peer)
-    ngram_acc = {w: greedy.loc[(w, "ngram")].acceptance_rate or 0 for w in ("chat", "code", "rag")}
-    dm_acc = {w: greedy.loc[(w, "draft-model")].acceptance_rate or 0 for w in ("chat", "rag")}
-    if "eagle" in engines:
-        ea_acc = {w: greedy.loc[(w, "eagle")].acceptance_rate or 0 for w in ("chat", "rag")}
-        print(f"  eagle acceptance on RAG >= chat: {ea_acc['rag'] >= ea_acc['chat']} "
-              f"({ea_acc})")
-    if "pysrc" in prompt_sets:
+    if "pysrc" in prompt_sets and "draft-model" in engines:
         print(f"  held-out Python source (aiohttp, never trained on): draft-model "
               f"{greedy.loc[('pysrc', 'draft-model')].speedup:.2f}× (target >= 1.4×)")
-    print(f"  RAG has the highest n-gram acceptance: "
-          f"{max(ngram_acc, key=ngram_acc.get) == 'rag'} ({ngram_acc}); draft-model acceptance "
-          f"on RAG >= chat: {dm_acc['rag'] >= dm_acc['chat']} ({dm_acc})")
+
+    def acceptance(arm: str, workloads: tuple[str, ...]) -> dict[str, float] | None:
+        if arm not in engines or not set(workloads) <= set(prompt_sets):
+            return None
+        rates = {w: greedy.loc[(w, arm)].acceptance_rate for w in workloads}
+        return {w: 0.0 if pd.isna(r) else float(r) for w, r in rates.items()}
+
+    ngram_acc = acceptance("ngram", ("chat", "code", "rag"))
+    if ngram_acc:
+        print(f"  RAG has the highest n-gram acceptance: "
+              f"{max(ngram_acc, key=ngram_acc.get) == 'rag'} ({ngram_acc}; intervals above)")
+    for arm in ("draft-model", "eagle"):
+        acc = acceptance(arm, ("chat", "rag"))
+        if acc:
+            print(f"  {arm} acceptance on RAG >= chat: {acc['rag'] >= acc['chat']} ({acc})")
     _write(args.json, rows, thr, peer)
 
 
