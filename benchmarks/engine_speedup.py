@@ -50,7 +50,7 @@ import torch
 from scipy import stats as stats_lib
 
 from spectest.engine.api import MODELS_DIR, build_engine, default_k
-from spectest.engine.drafter_names import model_drafter
+from spectest.engine.drafter_names import needs_checkpoint
 from spectest.engine.policies import ConfidenceK, FixedK
 from spectest.engine.requests import GenerationRequest
 from spectest.engine.sampling import SamplingParams
@@ -94,8 +94,9 @@ def held_out_prompts(tokenizer, category: str, n: int, max_prompt: int) -> list[
             if len(p.ids) <= max_prompt][:n]
 
 
-def run(engine, prompts, max_tokens, temperature, speculative=True, batch=1):
-    """Generate every prompt (``batch`` at a time); return tokens, seconds and round records."""
+def run(engine, prompts, max_tokens, temperature, speculative=True, batch=1, answers=None):
+    """Generate every prompt (``batch`` at a time); return tokens, seconds and round records.
+    ``answers``: a list to append each (prompt ids, generated ids) to."""
     records = []
     engine.observers.append(records.append)
     tokens = 0
@@ -103,16 +104,20 @@ def run(engine, prompts, max_tokens, temperature, speculative=True, batch=1):
     t0 = time.perf_counter()
     for i in range(0, len(prompts), batch):
         outs = {}
+        asked = {}
         for j, ids in enumerate(prompts[i:i + batch]):
             rid = uuid.uuid4().hex
+            asked[rid] = list(ids)
             params = SamplingParams(max_tokens=max_tokens, temperature=temperature,
                                     seed=1000 + i + j)
             engine.submit(GenerationRequest(rid, tuple(ids), params, speculative=speculative),
                           lambda o: outs.setdefault(o.request_id, []).append(o))
         engine.run_until_idle()
-        for outputs in outs.values():
+        for rid, outputs in outs.items():
             tokens += sum(len(o.token_ids) for o in outputs)
             stats.append(outputs[-1].stats)
+            if answers is not None:
+                answers.append((asked[rid], [t for o in outputs for t in o.token_ids]))
     seconds = time.perf_counter() - t0
     engine.observers.remove(records.append)
     return tokens, seconds, records, stats
@@ -149,6 +154,34 @@ def summarize(name, category, temperature, tokens, seconds, records, k, stats):
     }
 
 
+def copied_share(answers, n: int = 4) -> tuple[float, int]:
+    """Share of answer tokens inside an n-token span that occurred earlier in the prompt or the
+    answer (what prompt lookup can copy at best), and the answer tokens counted."""
+    covered = total = 0
+    for prompt, answer in answers:
+        seq = prompt + answer
+        seen: set[tuple[int, ...]] = set()
+        hit = [False] * len(answer)
+        for i in range(len(seq) - n + 1):
+            gram = tuple(seq[i:i + n])
+            if gram in seen and i + n > len(prompt):  # a repeat that reaches into the answer
+                for j in range(max(i, len(prompt)), i + n):
+                    hit[j - len(prompt)] = True
+            seen.add(gram)
+        covered += sum(hit)
+        total += len(answer)
+    return (covered / total if total else float("nan")), total
+
+
+def _bootstrap(samples, statistic, confidence: float) -> tuple[float, float]:
+    """A percentile bootstrap interval of ``statistic`` over paired (per-request) samples."""
+    res = stats_lib.bootstrap(samples, statistic, paired=True, vectorized=True,
+                              confidence_level=confidence, n_resamples=4000,
+                              method="percentile", random_state=0)
+    return round(float(res.confidence_interval.low), 3), \
+        round(float(res.confidence_interval.high), 3)
+
+
 def paired_interval(stats, base_stats, confidence: float = 0.95) -> tuple[float, float]:
     """A bootstrap interval of the decode speedup, resampling (prompt, repeat) pairs: each
     request of an arm is paired with the baseline's request for the same prompt and repeat, and
@@ -163,11 +196,7 @@ def paired_interval(stats, base_stats, confidence: float = 0.95) -> tuple[float,
     def ratio(st, ss, bt, bs, axis=-1):
         return (st.sum(axis) / ss.sum(axis)) / (bt.sum(axis) / bs.sum(axis))
 
-    res = stats_lib.bootstrap((spec_tok, spec_s, base_tok, base_s), ratio, paired=True,
-                              vectorized=True, confidence_level=confidence,
-                              n_resamples=4000, method="percentile", random_state=0)
-    return round(float(res.confidence_interval.low), 3), \
-        round(float(res.confidence_interval.high), 3)
+    return _bootstrap((spec_tok, spec_s, base_tok, base_s), ratio, confidence)
 
 
 def acceptance_interval(stats, confidence: float = 0.95) -> tuple[float, float]:
@@ -182,11 +211,7 @@ def acceptance_interval(stats, confidence: float = 0.95) -> tuple[float, float]:
     def rate(acc, prop, axis=-1):
         return acc.sum(axis) / np.maximum(prop.sum(axis), 1)
 
-    res = stats_lib.bootstrap((accepted, proposed), rate, paired=True, vectorized=True,
-                              confidence_level=confidence, n_resamples=4000,
-                              method="percentile", random_state=0)
-    return round(float(res.confidence_interval.low), 3), \
-        round(float(res.confidence_interval.high), 3)
+    return _bootstrap((accepted, proposed), rate, confidence)
 
 
 def _mean_ms(seconds) -> float | None:
@@ -266,7 +291,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=6, help="prompts per workload")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--k", type=int, default=None,
-                    help="draft length (default: each drafter's for the pair, engine.api.default_k)")
+                    help="draft length (default: each drafter's for the pair, "
+                         "engine.api.default_k)")
     ap.add_argument("--max-prompt", type=int, default=None,
                     help="longest prompt in tokens (default: all that fit the model's context "
                          "with the output, e.g. every bundled RAG record on the embedded pair)")
@@ -314,12 +340,12 @@ def main() -> None:
                              f"from {', '.join(name for name, _, _ in arms[1:])})")
         arms = [arm for arm in arms if arm[0] in wanted or arm[0] == "target-only"]
     policies = {name: FixedK(kk) for name, _, kk in arms}
+    model_arms = [arm for arm in arms if needs_checkpoint(arm[1])]
     for threshold in (float(t) for t in (args.confidence or "").split(",") if t):
-        for name, drafter, kk in list(arms):
-            if model_drafter(drafter) in ("draft-model", "eagle") and " " not in name:
-                gated = f"{name} conf={threshold:g}"
-                arms.append((gated, drafter, kk))
-                policies[gated] = ConfidenceK(k_max=kk, threshold=threshold)
+        for name, drafter, kk in model_arms:
+            gated = f"{name} conf={threshold:g}"
+            arms.append((gated, drafter, kk))
+            policies[gated] = ConfidenceK(k_max=kk, threshold=threshold)
     engines = {name: build_engine(args.pair, drafter=drafter, policy=policies[name],
                                   max_num_seqs=slots)
                for name, drafter, _ in arms}
@@ -339,6 +365,7 @@ def main() -> None:
     if args.workloads:
         prompt_sets = {w: prompt_sets[w] for w in args.workloads.split(",")}
     names = list(engines)
+    copied = {}  # workload → (share of target-only greedy answer tokens in a repeated 4-gram, n)
     for category, prompts in prompt_sets.items():
         for temperature in (0.0, 0.7):
             got = {name: [0, 0.0, [], []] for name in names}  # tokens, seconds, records, stats
@@ -346,8 +373,12 @@ def main() -> None:
                 for name in names[rep % len(names):] + names[:rep % len(names)]:
                     if rep == 0:
                         run(engines[name], prompts[:1], 8, temperature)  # warm-up
+                    answers = [] if (name, temperature, rep) == ("target-only", 0.0, 0) else None
                     tokens, seconds, records, stats = run(engines[name], prompts,
-                                                          args.max_tokens, temperature)
+                                                          args.max_tokens, temperature,
+                                                          answers=answers)
+                    if answers is not None:
+                        copied[category] = copied_share(answers)
                     acc = got[name]
                     acc[0] += tokens
                     acc[1] += seconds
@@ -453,6 +484,8 @@ def main() -> None:
         rates = {w: greedy.loc[(w, arm)].acceptance_rate for w in workloads}
         return {w: 0.0 if pd.isna(r) else float(r) for w, r in rates.items()}
 
+    print("  target-only greedy answer tokens inside a 4-token span seen earlier (what lookup "
+          "can copy): " + ", ".join(f"{w} {share:.0%} of {n}" for w, (share, n) in copied.items()))
     ngram_acc = acceptance("ngram", ("chat", "code", "rag"))
     if ngram_acc:
         print(f"  RAG has the highest n-gram acceptance: "
@@ -461,13 +494,11 @@ def main() -> None:
         acc = acceptance(arm, ("chat", "rag"))
         if acc:
             print(f"  {arm} acceptance on RAG >= chat: {acc['rag'] >= acc['chat']} ({acc})")
-    _write(args.json, rows, thr, peer)
-
-
-def _write(path, rows, thr, peer) -> None:
-    if path:
-        with open(path, "w") as f:
-            json.dump({"batch1": rows, "throughput": thr, "hf": peer}, f, indent=2)
+    if args.json:  # written whole, then renamed: a reader never sees half a file
+        tmp = Path(args.json + ".tmp")
+        tmp.write_text(json.dumps({"batch1": rows, "throughput": thr, "hf": peer,
+                                   "copied_share": copied}, indent=2))
+        tmp.replace(args.json)
 
 
 if __name__ == "__main__":
