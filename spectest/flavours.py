@@ -53,7 +53,11 @@ class Flavour:
     extras: Mapping[str, str] = field(default_factory=dict)
     # --- the request side ---------------------------------------------------------------
     speculative_switch: str = ""  # request field that turns speculation off per request
-    response_stats: str = ""  # where a response carries its draft stats: "spec" | "timings"
+    # where a response carries its own draft stats: "spec" (spectest), "timings" (llama.cpp:
+    # draft tokens only, no rounds), "metrics.speculative_decoding" (vLLM, when started with
+    # ``stats_flag``); read by :func:`response_stats` for any of them
+    response_stats: str = ""
+    stats_flag: str = ""  # the server flag that turns per-request stats on ("" = always on)
     echo_scoring: bool = False  # /v1/completions echo + logprobs scores a prompt
     token_id_prompts: bool = True  # "prompt": [ids]
     logprob_token_ids: str = ""  # how logprobs name tokens by id: "token_id:N" | "content.id"
@@ -102,7 +106,9 @@ VLLM = Flavour(
         N.TTFT, N.ITL, N.TPOT, N.E2E, N.QUEUE, N.PREFILL, N.DECODE, N.RUNNING, N.WAITING,
         N.KV_USAGE, N.PROMPT_TOKENS, N.GENERATION_TOKENS, N.PREEMPTIONS, N.REQUEST_SUCCESS)),
     labels=("model_name", "engine"), echo_scoring=True, logprob_token_ids="token_id:N",
-    tokenize_path="/tokenize",
+    tokenize_path="/tokenize", response_stats="metrics.speculative_decoding",
+    stats_flag="--per-request-spec-decode-metrics summary",
+    extras={"prompt_tokens_cached": "vllm:prompt_tokens_cached_total"},
 )
 
 SGLANG = Flavour(
@@ -183,8 +189,11 @@ class ResponseStats:
 
 
 def response_stats(body: Mapping) -> ResponseStats | None:
-    """Draft stats from a response body or final stream event, whichever server sent it.
-    Called on every streamed event: most carry neither field, so that path is two lookups
+    """Draft stats from a response body or final stream event, whichever server sent it:
+    spectest's ``spec``, llama.cpp's ``timings`` or vLLM's ``metrics.speculative_decoding``
+    (``num_spec_steps`` verify steps — the increments of its ``num_drafts`` counter —,
+    ``num_draft_tokens``, ``num_accepted_draft_tokens``; streamed on the usage chunk).
+    Called on every streamed event: most carry none of them, so that path is three lookups
     (an ``isinstance`` against the ``Mapping`` ABC costs more than the rest together)."""
     spec = body.get("spec")
     if spec is not None and isinstance(spec, Mapping) and \
@@ -195,4 +204,11 @@ def response_stats(body: Mapping) -> ResponseStats | None:
     if timings is not None and isinstance(timings, Mapping) and "draft_n" in timings:
         return ResponseStats(None, int(timings.get("draft_n") or 0),
                              int(timings.get("draft_n_accepted") or 0))
+    metrics = body.get("metrics")
+    if metrics is not None and isinstance(metrics, Mapping):
+        sd = metrics.get("speculative_decoding")
+        if isinstance(sd, Mapping) and sd.get("num_draft_tokens") is not None:
+            return ResponseStats(int(sd.get("num_spec_steps") or 0),
+                                 int(sd.get("num_draft_tokens") or 0),
+                                 int(sd.get("num_accepted_draft_tokens") or 0))
     return None

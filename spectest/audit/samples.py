@@ -165,4 +165,11 @@ def _position(token: int, lp: float, pairs: list[tuple[int, float]], where: str,
     if want_top and len(pairs) < want_top:
         raise AuditError(f"{where} returned {len(pairs)} top logprobs where {want_top} were "
                          f"asked; it must support `logprobs: {want_top}`")
-    return Position(token, lp, tuple(sorted(pairs, key=lambda p: (-p[1], p[0]))))
+    # vLLM adds the chosen token to ``top_logprobs`` when it is not among the top n (n + 1
+    # entries): that extra entry is the chosen token's own figure, not part of the top n, and
+    # counting it there would move the token out of the unreported tail whenever it was
+    # outside the top n — sampled tokens would then look improbable (at temperature 1 with
+    # top-k off, plain vLLM's own samples failed the test at p = 1e-60). Its logprob stays in
+    # ``logprob``.
+    ranked = sorted(pairs, key=lambda p: (-p[1], p[0]))
+    return Position(token, lp, tuple(ranked[:want_top] if want_top else ranked))
