@@ -66,6 +66,14 @@ def _dashboards(args) -> int:
     return build.main(argv)
 
 
+def _export_hf(args) -> int:
+    from spectest.engine.hf_export import export_hf
+    out = export_hf(args.model, args.out, args.dtype)
+    print(f"wrote {args.model} as a Hugging Face checkpoint to {out} "
+          f"(serve it with vLLM: --model {out})")
+    return 0
+
+
 def _profile(args) -> int:
     from spectest.engine.profiling import run_profile
     run_profile(args)
@@ -156,6 +164,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-dir", type=Path, default=None)
     p.add_argument("--check", action="store_true", help="exit 1 if committed JSON is stale")
     p.set_defaults(func=_dashboards)
+
+    p = sub.add_parser("export-hf", help="write a model (smollm2, a .gguf, a short name) as a "
+                                         "Hugging Face checkpoint, for servers such as vLLM "
+                                         "that load no GGUF")
+    p.add_argument("model", help="smollm2, smollm2-draft, embedded, embedded-draft, a .gguf "
+                                 "file or an HF directory")
+    p.add_argument("out", type=Path, help="the directory to write (must not exist, or be empty)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    p.set_defaults(func=_export_hf)
 
     p = sub.add_parser("profile", help="measure round latency by (batch, K) and acceptance")
     from spectest.engine import profiling
