@@ -8,20 +8,19 @@ for drift.  Plain Python and PyYAML: no Grafana, no Prometheus client.
     python -m alerts.build               # regenerate alerts/*.rules.yml
     python -m alerts.build --check       # exit 1 if a committed file is stale
     python -m alerts.build --out-dir DIR
+    python -m alerts.build --out-dir DIR --with-tests   # + tests/*.test.yml for promtool
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 import yaml
 
 from alerts.catalogue import ALERTS, DEPLOYMENTS, GROUPS, Alert
-from spectest import flavours
+from spectest import files, flavours
 from spectest.telemetry import names as N
 
 HERE = Path(__file__).resolve().parent
@@ -124,31 +123,16 @@ def build_rules() -> dict[str, str]:
     return out
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def unit_tests() -> dict[str, str]:
+    """``{"tests/<name>.test.yml": text}``: the hand-written promtool tests, which name the rule
+    files as ``../<flavour>.rules.yml`` (so they run wherever the rules are written)."""
+    return {f"tests/{p.name}": p.read_text(encoding="utf-8")
+            for p in sorted((HERE / "tests").glob("*.test.yml"))}
 
 
-def drift(out_dir: Path, files: dict[str, str]) -> list[str]:
+def drift(out_dir: Path, rule_files: dict[str, str]) -> list[str]:
     """Human-readable differences between ``out_dir`` and the generator's output; [] if none."""
-    problems = []
-    for name, text in sorted(files.items()):
-        path = out_dir / name
-        if not path.exists():
-            problems.append(f"{name} is missing")
-        elif path.read_text(encoding="utf-8") != text:
-            problems.append(f"{name} differs from what the generator produces")
-    for path in sorted(out_dir.glob("*.rules.yml")):
-        if path.name not in files:
-            problems.append(f"{path.name} is not produced by the generator (stale?)")
-    return problems
+    return files.drift(out_dir, rule_files, "*.rules.yml")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,24 +142,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="directory of the rule files (default: %(default)s)")
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 if the files differ from the generator's")
+    parser.add_argument("--with-tests", action="store_true",
+                        help="also the promtool unit tests, as tests/*.test.yml (run them with "
+                             "promtool test rules OUT_DIR/tests/*.test.yml)")
     args = parser.parse_args(argv)
-    if not args.out_dir.is_dir():
-        print(f"error: --out-dir {args.out_dir} is not a directory", file=sys.stderr)
-        return 2
-    files = build_rules()
-    if args.check:
-        problems = drift(args.out_dir, files)
-        for line in problems:
-            print(f"alert rules out of date: {line}", file=sys.stderr)
-        if problems:
-            print("run: python -m alerts.build", file=sys.stderr)
-            return 1
-        print(f"{len(files)} rule files up to date in {args.out_dir}")
-        return 0
-    for name, text in sorted(files.items()):
-        _write_atomic(args.out_dir / name, text)
-    print(f"wrote {len(files)} rule files to {args.out_dir}")
-    return 0
+    out = build_rules()
+    if args.with_tests:
+        out |= unit_tests()
+    return files.write_or_check(args.out_dir, out, args.check, label="rule files",
+                                stale_glob="*.rules.yml", regenerate="python -m alerts.build")
 
 
 if __name__ == "__main__":

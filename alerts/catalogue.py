@@ -1,16 +1,17 @@
 """The alert catalogue: one definition per alert, written once for every server flavour.
 
 This module owns each alert's expression template (over a flavour's sample names and labels,
-``Ctx``), threshold, window, ``for``, severity, summary, description and name, and the alert-only
-choices per flavour (``DEPLOYMENTS``: which labels an alert fires per, how the annotations name
-the target and the drafter, the alert-name prefix).  ``Alert.needs`` lists the table's metrics an
+``Ctx``), threshold, window, ``for``, severity, summary, description and name, and how a
+flavour's row becomes the alerts' view of a deployment (``DEPLOYMENTS``: which labels an alert
+fires per, how the annotations name the target and the drafter, the alert-name prefixes — all
+from the row's ``deployment_labels`` … fields).  ``Alert.needs`` lists the table's metrics an
 expression reads: ``alerts.build`` writes an alert only for the flavours whose row in
 ``spectest/flavours.py`` has them.  Thresholds are the dashboards' lines (``dashboards.panels``).
 It writes no file (``alerts.build`` does).
 
 Adding an alert (e.g. on the ``speculation_switches`` counter): one ``Alert`` in ``ALERTS`` with
 ``needs=(its metric,)``, a runbook section in alerts/README.md and a promtool unit test.  Adding a
-server: its row in ``spectest/flavours.py`` and one ``Deployment`` here.
+server: its row in ``spectest/flavours.py``, with its ``deployment_labels``.
 """
 
 from __future__ import annotations
@@ -55,23 +56,18 @@ class Deployment:
         return (f"{self.target} / {self.drafter}"
                 if self.drafter and "drafter" in by else self.target)
 
+    @classmethod
+    def of(cls, f: flavours.Flavour) -> Deployment:
+        """A flavour's row as the alerts see it: speculative and engine alerts per drafter."""
+        return cls(f.drafter_labels, f.deployment_labels, f.drafter_labels, f.deployment_text,
+                   "{{ $labels.%s }}" % f.drafter_label if f.drafter_label else "",
+                   prefix=f.alert_prefix, speculative_prefix=f.speculative_alert_prefix,
+                   absent_hint=f" {f.metrics_hint}" if f.metrics_hint else "",
+                   switch_off=f.runtime_switch)
 
-_MODEL = "{{ $labels.model_name }}"
-DEPLOYMENTS: dict[str, Deployment] = {
-    # spectest's own speculative alerts came first and keep their bare SpecDecode* names.
-    "spectest": Deployment(("model_name", "drafter"), ("model_name",), ("model_name", "drafter"),
-                           _MODEL, "{{ $labels.drafter }}", prefix="Spectest",
-                           switch_off='POST /admin/speculation {"enabled": false} (from the '
-                                      'server host, or with its --admin-key)'),
-    "vllm": Deployment(("model_name",), ("model_name",), ("model_name",), _MODEL,
-                       prefix="Vllm", speculative_prefix="Vllm"),
-    # llama-server puts no label on its series: a deployment is the scrape target.
-    "llamacpp": Deployment(("job", "instance"), ("job", "instance"), ("job", "instance"),
-                           "llama-server {{ $labels.instance }}", prefix="Llamacpp",
-                           speculative_prefix="Llamacpp",
-                           absent_hint=" llama-server serves /metrics only when started with "
-                                       "--metrics."),
-}
+
+DEPLOYMENTS: dict[str, Deployment] = {f.key: Deployment.of(f) for f in flavours.FLAVOURS
+                                      if f.deployment_labels}
 
 
 def _minutes(window: str) -> str:

@@ -19,7 +19,7 @@
    bin calibration, Bonferroni) is applied as ``spectest.audit.distribution`` does;
    alternatives measured on the same draws: each statistic alone, a 20-bin chi-square on the
    PIT, and the two-sample G-test (the method
-   the issue suggests: k draws per prompt from each server, G-test per prompt, Bonferroni over
+   often proposed: k draws per prompt from each server, G-test per prompt, Bonferroni over
    prompts) given the same candidate-token budget plus as many baseline tokens, in its best
    case (all draws at one prefix per prompt, one token each).  And the check the auditor runs
    where the baseline's scoring is not exactly what it samples from (``--sampled-control``,
@@ -56,6 +56,7 @@ from spectest.audit.client import Client
 from spectest.audit.prompts import load_records, tokenize
 from spectest.audit.servers import ServerProcess, ServerSpec
 from spectest.audit.settings import AuditSettings
+from spectest.procs import python_env
 
 FAMILIES = ("toward-argmax", "toward-uniform", "hotter", "colder", "swap-top2", "permute",
             "toward-mid")
@@ -260,7 +261,7 @@ def cli_audit(models: Path, out: Path) -> tuple[float, int]:
             str(models / "draft"), "--out", str(out), "--no-progress"]
     t0 = time.perf_counter()
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, check=False,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                          env=python_env())
     return time.perf_counter() - t0, proc.returncode
 
 

@@ -76,7 +76,7 @@ def prompts_for(tokenizer, category: str, n: int, max_prompt: int) -> list[list[
 def third_party_code(tokenizer, n: int, chars: int = 600) -> list[list[int]]:
     """``chars``-character windows of an installed third-party package's Python source
     (aiohttp's, a dependency), as completion prompts: code the embedded pair never trained on
-    (its corpus is the standard library), the shape of issue 13's measurement."""
+    (its corpus is the standard library), the prompts of ``benchmarks/default_config.py``."""
     import aiohttp
     out = []
     for file in sorted(Path(aiohttp.__file__).parent.glob("*.py")):

@@ -53,7 +53,7 @@ from schemathesis import GenerationMode
 from schemathesis.errors import FailureGroup
 
 from spectest.audit.servers import ServerProcess, ServerSpec
-from spectest.server.errors import ErrorResponse
+from spectest.http_errors import ErrorResponse
 
 MODEL = "spectest-demo"  # what `spectest serve --model embedded` serves
 CHECKS = [checks.not_a_server_error, checks.status_code_conformance,

@@ -5,7 +5,7 @@ per SSE chunk, no delays) pinned to one core, with the client pinned to the othe
 and at each concurrency of ``--sweep`` (closed loop, no wait):
 
 * baseline — a minimal asyncio/aiohttp streaming client (``iter_any()`` + line splitting,
-  the fastest variant measured in shared/REFERENCE.md), one process, decoding events with
+  the fastest asyncio reading pattern tried), one process, decoding events with
   ``json.loads`` as vLLM's benchmark client does (``--baseline-decoder orjson``: with orjson,
   as the Locust user does — the same work, so the ratio isolates Locust's own cost);
 * Locust — one Locust process running ``workloads/chat.py`` (the real spectest user).
@@ -52,7 +52,8 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from spectest.loadgen.runner import StubProcess  # noqa: E402
+from spectest.loadgen.runner import StubProcess, locust_env  # noqa: E402
+from spectest.procs import preexec  # noqa: E402
 
 BODY = json.dumps({"model": "stub-model", "max_tokens": 64, "temperature": 0.0, "stream": True,
                    "stream_options": {"include_usage": True},
@@ -108,18 +109,6 @@ async def _asyncio_client(url: str, concurrency: int, seconds: float,
 
 
 # --- measuring ------------------------------------------------------------------------------
-def pinned(cpu: int | None, nice: int = 0):
-    def apply() -> None:
-        if nice:
-            try:
-                os.nice(nice)
-            except OSError:
-                pass
-        if cpu is not None:
-            os.sched_setaffinity(0, {cpu})
-    return apply
-
-
 class CpuWindow:
     """CPU seconds used by the client and the stub (and the whole machine) over a window."""
 
@@ -192,11 +181,10 @@ def run_client(kind: str, url: str, users: int, seconds: float, cpu: int | None,
                "--stop-timeout", "10", "--scrape-interval", "3600"]
         if processes > 1:
             cmd += ["--processes", str(processes)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("LOCUST_SKIP_MONKEY_PATCH", None)
+    env = locust_env()
     with open(f"{out}.log", "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                preexec_fn=pinned(cpu, nice))
+                                preexec_fn=preexec(cpu, nice))
         time.sleep(WARMUP_S + 1.0)  # interpreter start-up + warm-up: not measured
         window = CpuWindow(proc.pid, stub_pid, tree=processes > 1)
         time.sleep(max(0.5, seconds - WARMUP_S - 1.5))

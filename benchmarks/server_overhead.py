@@ -56,6 +56,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
@@ -69,6 +70,7 @@ from prometheus_client import CollectorRegistry
 
 from spectest.engine.api import MODELS_DIR, build_engine
 from spectest.loops import run_loop
+from spectest.procs import python_env
 from spectest.engine.policies import make_policy
 from spectest.engine.requests import GenerationRequest
 from spectest.engine.sampling import SamplingParams
@@ -228,6 +230,7 @@ def serve(args) -> None:
     if args.serve == "off":
         server.engine.observers.remove(server.metrics.observe_round)
         server.metrics = NullMetrics(server.metrics)
+        server.telemetry = replace(server.telemetry, metrics=server.metrics)
         assert server.provider is None, "OTEL_TRACES_EXPORTER must be unset for telemetry off"
     run_loop(cli._run(server, "127.0.0.1", 0, f"telemetry {args.serve}"))
 
@@ -237,9 +240,8 @@ class ModeProcess:
     """One mode's process: ``engine`` (driven over stdin) or a server (``off``/``on``)."""
 
     def __init__(self, args, kind: str, trace_file: Path):
-        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-        repo = str(Path(__file__).resolve().parents[1])  # import spectest as the parent does
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo, env.get("PYTHONPATH")]))
+        # import spectest as the parent does; no OpenTelemetry settings of the parent's
+        env = {k: v for k, v in python_env().items() if not k.startswith("OTEL_")}
         cmd = [sys.executable, __file__, "--serve", kind, "--models", str(args.models),
                "--threads", str(args.threads), "--k", str(args.k), "--max-tokens",
                str(args.max_tokens), "--max-model-len", str(args.max_model_len),
@@ -320,9 +322,8 @@ async def run_http(url: str, concurrency: int, n: int, max_tokens: int,
 
 
 def write_atomic(path: Path, obj) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2))
-    os.replace(tmp, path)
+    from spectest import files
+    files.write_atomic(path, json.dumps(obj, indent=2))
 
 
 METRICS = {"tok_s": "tokens/s (wall clock)",

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 from grafana_foundation_sdk.builders.common import (GraphThresholdsStyleConfig,
@@ -41,6 +39,7 @@ from dashboards.flavours import FLAVOURS, Flavour
 from dashboards.panels import DashboardSpec, PanelSpec
 from dashboards.serving import serving_dashboard
 from dashboards.speculative import speculative_dashboard
+from spectest import files
 
 HERE = Path(__file__).resolve().parent
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
@@ -130,31 +129,10 @@ def serialise(board: dict) -> str:
     return json.dumps(board, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; these files are meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def drift(out_dir: Path, boards: dict[str, dict]) -> list[str]:
     """Human-readable differences between ``out_dir`` and the builder's output; [] if none."""
-    problems = []
-    for name, board in sorted(boards.items()):
-        path = out_dir / name
-        if not path.exists():
-            problems.append(f"{name} is missing")
-        elif path.read_text(encoding="utf-8") != serialise(board):
-            problems.append(f"{name} differs from what the builder produces")
-    for path in sorted(out_dir.glob("*.json")):
-        if path.name not in boards:
-            problems.append(f"{path.name} is not produced by the builder (stale?)")
-    return problems
+    return files.drift(out_dir, {n: serialise(b) for n, b in boards.items()}, "*.json",
+                       producer="the builder")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,23 +143,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 if the files differ from the builder's")
     args = parser.parse_args(argv)
-    if not args.out_dir.is_dir():
+    if not args.out_dir.is_dir():  # before building: a typo costs no rendering time
         print(f"error: --out-dir {args.out_dir} is not a directory", file=sys.stderr)
         return 2
-    boards = build_dashboards()
-    if args.check:
-        problems = drift(args.out_dir, boards)
-        for line in problems:
-            print(f"dashboards out of date: {line}", file=sys.stderr)
-        if problems:
-            print("run: python -m dashboards.build", file=sys.stderr)
-            return 1
-        print(f"{len(boards)} dashboards up to date in {args.out_dir}")
-        return 0
-    for name, board in sorted(boards.items()):
-        _write_atomic(args.out_dir / name, serialise(board))
-    print(f"wrote {len(boards)} dashboards to {args.out_dir}")
-    return 0
+    boards = {name: serialise(board) for name, board in build_dashboards().items()}
+    return files.write_or_check(args.out_dir, boards, args.check, label="dashboards",
+                                stale_glob="*.json", producer="the builder",
+                                regenerate="python -m dashboards.build")
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
 """Which server a dashboard is built for: the flavour's series, plus the dashboard-only choices.
 
 Names and semantics — prefix, which metrics of the table (``spectest.telemetry.names``) a server
-exposes and under which sample name, its labels, its extra series — are one row of
-``spectest.flavours``; this module does not repeat them.  It adds what only a dashboard needs,
-keyed by the flavour key: the template variables (in display order) and the labels every curve is
-split by, and builds the PromQL *selectors* from both.  It knows nothing about panels or Grafana
-JSON.
+exposes and under which sample name, its labels, its extra series, which labels tell its
+deployments apart — are one row of ``spectest.flavours``; this module does not repeat them.  It
+derives from the row what a dashboard needs — the template variables (in display order: the
+deployment's labels, the drafter's, ``workload`` where the server splits by it) and the labels
+every curve is split by (the deployment's and the drafter's) — and builds the PromQL *selectors*
+from both.  It knows nothing about panels or Grafana JSON.
 
 Each flavour is a separate build, not a variable: vLLM exposes a subset of the table with the
 labels ``model_name`` and ``engine``; llama.cpp a smaller subset with no labels at all (a
@@ -13,7 +14,8 @@ deployment is the scrape target, Prometheus's ``job`` / ``instance``).  A prefix
 would leave panels querying labels and metrics that do not exist, so each flavour gets its own
 JSON files, and a panel whose metric a flavour lacks is left out of its build (``MissingMetric``).
 
-Adding a server: one row in ``spectest/flavours.py`` plus, here, its variables and ``series_by``.
+Adding a server: one row in ``spectest/flavours.py`` (with its ``deployment_labels``); a row
+without them (SGLang: a gauge, not the counters) gets no dashboards.
 """
 
 from __future__ import annotations
@@ -35,15 +37,6 @@ SCRAPE_LABELS = ("job", "instance")
 # Any other label of a flavour's row (vLLM's ``engine``) is on every series.
 _IDENTITY = frozenset(names.REQUEST_LABELS + names.ENGINE_LABELS)
 _HISTOGRAM_PARTS = ("_bucket", "_sum", "_count")
-
-# Dashboard-only choices per flavour key: (template variables, labels each curve is split by).
-# A flavour missing here (SGLang: a gauge, not the counters) gets no dashboards.
-DASHBOARD_LABELS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "spectest": (("model_name", "drafter", "workload"), ("model_name", "drafter")),
-    "vllm": (("model_name",), ("model_name",)),
-    "llamacpp": (("job", "instance"), ("job", "instance")),
-}
-
 
 class MissingMetric(KeyError):
     """A panel asked for a series the flavour does not expose: the panel is left out."""
@@ -149,11 +142,12 @@ class Flavour:
 
 
 def for_server(server: server_flavours.Flavour) -> Flavour:
-    variables, series_by = DASHBOARD_LABELS[server.key]
-    return Flavour(server, variables, series_by)
+    series_by = server.drafter_labels
+    return Flavour(server, series_by + (("workload",) if server.workload_label else ()),
+                   series_by)
 
 
 FLAVOURS: tuple[Flavour, ...] = tuple(for_server(f) for f in server_flavours.FLAVOURS
-                                      if f.key in DASHBOARD_LABELS)
+                                      if f.deployment_labels)
 BY_KEY = {f.key: f for f in FLAVOURS}
 SPECTEST, VLLM, LLAMACPP = BY_KEY["spectest"], BY_KEY["vllm"], BY_KEY["llamacpp"]

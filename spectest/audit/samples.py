@@ -24,6 +24,18 @@ class AuditError(Exception):
     """The audit could not run (exit 2): unreachable server, bad input, missing features."""
 
 
+class ServerFailure(AuditError):
+    """A server that was up failed a request: an HTTP 5xx, a dropped connection, a timeout,
+    or no longer reachable. ``body`` is the request it failed, so the runner can send the
+    same request to the other side: a candidate that fails what the baseline serves is a
+    finding (exit 1), not "could not run"."""
+
+    def __init__(self, message: str, role: str, path: str, body: dict | None,
+                 status: int = 0):
+        super().__init__(message)
+        self.role, self.path, self.body, self.status = role, path, body, status
+
+
 @dataclass(frozen=True)
 class Position:
     """One token as a server saw it at a given prefix.
@@ -128,11 +140,13 @@ def whole_tokens(obj, completion_tokens: int | None) -> tuple[object, int]:
     """Cut a llama.cpp ``content`` list where it stops lining up with the generated tokens.
 
     llama.cpp reports one logprobs entry per whole UTF-8 character: a character spread over
-    several tokens gets the entry of its first token (with that token's id and logprobs, and
-    the whole character as text) and the other tokens get none, so from there on entry i is no
-    longer token i. When there are fewer entries than generated tokens, the entries are kept up
-    to and including the first one whose text is not ASCII (the earliest a character can span
-    tokens); entries missing only at the end (a character not yet complete) shift nothing.
+    several tokens gets one entry, the whole character as text with the id and logprobs of
+    the token that completed it (its *last*: measured on llama-server, the entry of a Korean
+    character begun at the first position carried the figures of its third), and the other
+    tokens get none, so from that entry on entry i is no longer token i. When there are fewer
+    entries than generated tokens, the entries are kept up to, not including, the first one
+    whose text is not ASCII (the earliest a character can span tokens); entries missing only
+    at the end (a character not yet complete) shift nothing.
     Returns the logprobs object to parse and how many generated tokens it leaves out."""
     if not (isinstance(obj, Mapping) and isinstance(obj.get("content"), list)):
         return obj, 0
@@ -142,7 +156,7 @@ def whole_tokens(obj, completion_tokens: int | None) -> tuple[object, int]:
     for i, entry in enumerate(content):
         text = entry.get("token") if isinstance(entry, Mapping) else None
         if isinstance(text, str) and not text.isascii():
-            return {**obj, "content": content[:i + 1]}, completion_tokens - (i + 1)
+            return {**obj, "content": content[:i]}, completion_tokens - i
     return obj, completion_tokens - len(content)
 
 

@@ -139,9 +139,7 @@ async def tokenize(client: Client, text: str) -> list[int]:
         return tokens[:n_prompt] if n_prompt else tokens
     flavour = client.routes.flavour
     path = flavour.tokenize_path if flavour and flavour.tokenize_path else "/tokenize"
-    data = await client.call("POST", path, {
-        "content": text, "add_special": True,  # llama.cpp
-        "model": client.model, "prompt": text, "add_special_tokens": True})  # vLLM
+    data = await client.call("POST", path, flavours.tokenize_request(flavour, text, client.model))
     # (a 404 here means no tokenize endpoint: the AuditError names the path and status)
     tokens = data.get("tokens")
     if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
@@ -182,6 +180,13 @@ async def score(client: Client, case: PromptCase, tokens: Sequence[int], logprob
         return (None,) * (n + start) + tuple(scored[n + start:])
     out: list[Position | None] = [None] * len(tokens)
     j = _take(out, tokens, known.positions, 0) if known is not None else start
+    forced = client.routes.flavour.forced_text_field if client.routes.flavour else ""
+    while forced and pieces is not None and j < len(tokens) - 1 and not fresh:
+        step = await _forced(client, case, tokens, pieces, j, logprobs, forced)
+        moved = j if step is None else _take(out, tokens, step.positions, j)
+        if moved == j:
+            break  # the rest cannot be sent as text: a few positions a request, as below
+        j = moved
     while j < len(tokens):
         prompt = prompt_for(client, case, tokens[:j], pieces)
         want = len(tokens) - j if chunk is None else min(chunk, len(tokens) - j)
@@ -190,6 +195,9 @@ async def score(client: Client, case: PromptCase, tokens: Sequence[int], logprob
             continue
         comp, n_prompt = await _generate(client, prompt, want, logprobs, fresh)
         if not comp.positions:
+            if comp.left_out:  # its first token begins a character spread over several tokens:
+                j += 1  # llama.cpp reports no figures that can be tied to this position
+                continue
             raise AuditError(f"{client.where} generated nothing after a prefix while scoring")
         if not client.routes.token_ids and n_prompt != n + j:
             j += 1  # re-tokenised differently: this prefix is not the one to score
@@ -215,12 +223,79 @@ def _take(out: list[Position | None], tokens: Sequence[int], positions: Sequence
 
 
 UTF8_TAIL = 4  # tokens generated beyond a run that ends inside a UTF-8 character
+PROCESSED_GAP = 0.05  # nats: far above float noise at a prompt's first position
+
+
+def processed_logprobs(sampled: Position, greedy: Position, noise: float = 0.0) -> bool:
+    """Does a server report logprobs *after* temperature/top-k/top-p at temperature > 0?
+    ``sampled`` and ``greedy`` are its first positions after the same prompt (a prefill, which
+    no draft touches), asked at temperature > 0 and at 0. Raw logprobs (vLLM's default,
+    spectest's, llama.cpp's) agree there up to the server's noise (``noise``: its tie
+    tolerance, widened to its noise floor — llama.cpp's readings of one prefix move by tenths
+    of a nat with its cache state); vLLM started with ``--logprobs-mode processed_logprobs``
+    reports the distribution it sampled from, whose logprobs are the raw ones scaled by
+    1/temperature and renormalised: most of them move by nats. Judged by the median gap, so
+    one noisy token decides nothing."""
+    raw = dict(greedy.top)
+    gaps = sorted(abs(lp - raw[t]) for t, lp in sampled.top if t in raw)
+    return bool(gaps) and gaps[len(gaps) // 2] > max(PROCESSED_GAP, noise)
+
+
+def gbnf_literal(text: str) -> str:
+    """``root ::= "text"`` in llama.cpp's grammar language, every character but letters,
+    digits and the space escaped by code point (so quotes, backslashes, newlines and any
+    Unicode pass unchanged)."""
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if ch == " " or (ch.isascii() and ch.isalnum()):
+            out.append(ch)
+        elif code < 0x80:
+            out.append(f"\\x{code:02X}")
+        elif code <= 0xFFFF:
+            out.append(f"\\u{code:04X}")
+        else:
+            out.append(f"\\U{code:08X}")
+    return 'root ::= "' + "".join(out) + '"'
+
+
+async def _forced(client: Client, case: PromptCase, tokens: Sequence[int],
+                  pieces: Sequence[bytes], j: int, logprobs: int,
+                  field: str) -> Completion | None:
+    """Generate ``tokens[j:]``'s text greedily under a constraint that allows only that text
+    (``field``: the flavour's, llama.cpp's ``grammar``); the positions it reports are the
+    server's distribution after prompt + ``tokens[:j]`` and after each token it generated —
+    the candidate's own as long as the server split the text the same way (``_take`` stops at
+    the first token it split otherwise). None when the text from ``j`` on is not whole UTF-8
+    characters (llama.cpp's byte tokens) or the prefix cannot be sent."""
+    prompt = prompt_for(client, case, tokens[:j], pieces)
+    if prompt is None or len(pieces) < len(tokens):
+        return None
+    end = len(tokens)
+    while end > j:  # the longest run of whole characters
+        try:
+            text = b"".join(pieces[j:end]).decode("utf-8")
+            break
+        except UnicodeDecodeError:
+            end -= 1
+    if end - j < 2 or not text:
+        return None
+    body = {**client.body(prompt, max_tokens=end - j, temperature=0, logprobs=logprobs),
+            **client.endpoint.extra, field: gbnf_literal(text)}
+    data = await client.call("POST", "/v1/completions", body)
+    lp, _ = whole_tokens(first_choice(data, client.role).get("logprobs"),
+                         (data.get("usage") or {}).get("completion_tokens"))
+    if not lp:
+        return None
+    positions = parse_logprobs(lp, f"{client.where} (forced scoring)", logprobs)
+    return Completion(tuple(p.token for p in positions), positions)
 
 
 async def _generate(client: Client, prompt, max_tokens: int, logprobs: int,
-                    fresh: bool = False) -> tuple[Completion, int | None]:
+                    fresh: bool = False, extra: dict | None = None
+                    ) -> tuple[Completion, int | None]:
     body = {**client.body(prompt, max_tokens=max_tokens, temperature=0, logprobs=logprobs,
-                          ignore_eos=True), **client.endpoint.extra}
+                          ignore_eos=True), **client.endpoint.extra, **(extra or {})}
     if fresh and client.routes.flavour is not None:
         body.update(client.routes.flavour.no_prefix_cache)
     data = await client.call("POST", "/v1/completions", body)
@@ -234,10 +309,10 @@ async def _generate(client: Client, prompt, max_tokens: int, logprobs: int,
         body["max_tokens"] = max_tokens + extra
         data = await client.call("POST", "/v1/completions", body)
         choice = first_choice(data, client.role)
-    lp, _ = whole_tokens(choice.get("logprobs"),
-                         (data.get("usage") or {}).get("completion_tokens"))
+    lp, left_out = whole_tokens(choice.get("logprobs"),
+                                (data.get("usage") or {}).get("completion_tokens"))
     positions = parse_logprobs(lp, f"{client.where} (scoring)", logprobs)
-    return (Completion(tuple(p.token for p in positions), positions),
+    return (Completion(tuple(p.token for p in positions), positions, left_out=left_out),
             (data.get("usage") or {}).get("prompt_tokens"))
 
 

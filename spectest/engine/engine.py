@@ -14,6 +14,10 @@ boundary), and while it is off, admits requests without a draft prefill.
 Cache invariant: at a round boundary the target cache of a slot holds every committed token but
 the last; the last token is the first input of the next verify.
 
+How the target samples, verifies and commits is a rules object chosen once at construction
+(``engine.faults``): the exact rules, or — for the auditor's tests — rules with deliberate bugs
+(``EngineConfig.faults``); the round itself has no fault branches.
+
 Does not know: HTTP, Prometheus, OpenTelemetry (observers subscribe to round records and the
 server reads per-request stats from the final output).
 """
@@ -31,25 +35,16 @@ import torch.nn.functional as F
 
 from spectest.engine.control import SpeculationControl, control_for
 from spectest.engine.drafters import Drafter, DraftRow, NoDrafter
+from spectest.engine.faults import FAULTS, rules_for
 from spectest.engine.policies import Decision, FixedK, KPolicy
 from spectest.engine.requests import (GenerationRequest, RequestOutput, RequestStats,
                                       RoundRecord, RowRecord, TokenLogprob)
 from spectest.engine.sampling import probs_from_logits, sample_from
 from spectest.engine.scheduler import OutputCallback, Scheduler, SchedulerConfig, Sequence
 from spectest.engine.tokenizer import StreamDecoder, Tokenizer
-from spectest.engine.verify import verify_greedy, verify_sampled
+from spectest.engine.verify import verify_greedy
 
 log = logging.getLogger("spectest.engine")
-
-# Deliberate correctness bugs, for the auditor's own tests. Never on by default.
-FAULTS = {
-    "greedy-verify-sampled": "sampled requests verified by greedy matching",
-    "draft-only-temperature": "temperature applied to the draft only (target at T=1)",
-    "draft-only-top-p": "top-p applied to the draft only",
-    "lossy-threshold": "accept a draft whenever its target probability exceeds a threshold",
-    "kv-rewind-off-by-one": "target KV cache rewound one position too few",
-}
-
 RoundObserver = Callable[[RoundRecord], None]
 SWITCHED_OFF = Decision(0, "speculation switched off at runtime")
 
@@ -57,7 +52,7 @@ SWITCHED_OFF = Decision(0, "speculation switched off at runtime")
 @dataclass(frozen=True)
 class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    faults: frozenset[str] = frozenset()
+    faults: frozenset[str] = frozenset()  # names of engine.faults.FAULTS: deliberate bugs
     lossy_threshold: float = 0.1
 
     def __post_init__(self):
@@ -90,10 +85,7 @@ class SpecEngine:
         self.rounds = 0
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        if config.faults:
-            log.warning("!!! FAULT INJECTION ENABLED: %s — outputs are deliberately WRONG; "
-                        "never serve real traffic with this engine !!!",
-                        ", ".join(f"{f} ({FAULTS[f]})" for f in sorted(config.faults)))
+        self.rules = rules_for(config.faults, config.lossy_threshold)
 
     # --- public API ------------------------------------------------------------------------
     def submit(self, request: GenerationRequest, on_output: OutputCallback) -> None:
@@ -167,22 +159,12 @@ class SpecEngine:
                         self._finish(seq, "error", error=f"engine round failed: {exc}")
         return bool(admitted or cancelled or running)
 
-    # --- sampling parameters per side --------------------------------------------------------
-    def _target_side(self, seqs: list[Sequence]):
-        faults = self.config.faults
-        temperature = torch.tensor([1.0 if s.request.params.greedy
-                                    or "draft-only-temperature" in faults
-                                    else s.request.params.temperature for s in seqs])
-        top_k = torch.tensor([s.request.params.top_k for s in seqs])
-        top_p = torch.tensor([1.0 if "draft-only-top-p" in faults else s.request.params.top_p
-                              for s in seqs])
-        return temperature, top_k, top_p
-
+    # --- the target's sampling -----------------------------------------------------------
     def _pick(self, seq: Sequence, logits: torch.Tensor) -> int:
         """The target's token from one position's logits [V] (prefill's first token)."""
         if seq.request.params.greedy:
             return int(logits.argmax())
-        temperature, top_k, top_p = self._target_side([seq])
+        temperature, top_k, top_p = self.rules.target_side([seq.request.params])
         probs = probs_from_logits(logits[None, None], temperature, top_k, top_p)[0]  # [1, V]
         return int(sample_from(probs, torch.rand(1, generator=seq.generator)))
 
@@ -221,7 +203,6 @@ class SpecEngine:
     # --- one round -------------------------------------------------------------------------
     def _round(self, seqs: list[Sequence]) -> None:
         B = len(seqs)
-        faults = self.config.faults
         started = time.time()
         decision = self.policy.choose(B) if self.speculating else SWITCHED_OFF
         max_len = self.config.scheduler.max_model_len
@@ -262,32 +243,13 @@ class SpecEngine:
         else:
             logits = self.target(feed, self.cache, slots)  # [B, K+1, V]
 
-        n_acc = torch.zeros(B, dtype=torch.long)
-        nxt = torch.zeros(B, dtype=torch.long)
-        greedy = torch.tensor([s.request.params.greedy for s in seqs])
-        if "greedy-verify-sampled" in faults:
-            greedy = torch.ones(B, dtype=torch.bool)
-        if bool(greedy.any()):
-            g = greedy.nonzero().flatten()
-            n_acc[g], nxt[g] = verify_greedy(drafts[g], lens[g], logits[g])
-        if not bool(greedy.all()):
-            s_idx = (~greedy).nonzero().flatten()
-            sub = [seqs[int(i)] for i in s_idx]
-            target_probs = probs_from_logits(logits[s_idx], *self._target_side(sub))
-            draft_probs = self._draft_probs(proposal, row_of, s_idx, drafts, K,
-                                            target_probs.shape[-1])
-            u = torch.stack([sampled_u[int(i)] for i in s_idx])  # [b, 2k+1]
-            acc_u = u[:, decision.k:decision.k + K] if K else u[:, :0]
-            n_acc[s_idx], nxt[s_idx] = verify_sampled(
-                drafts[s_idx], lens[s_idx], draft_probs, target_probs, acc_u, u[:, -1],
-                lossy_threshold=(self.config.lossy_threshold
-                                 if "lossy-threshold" in faults else None))
+        n_acc, nxt = self._verify(seqs, proposal, row_of, drafts, lens, logits, sampled_u,
+                                  decision.k)
         t2 = time.perf_counter()
 
         # bookkeeping: the tensors cross to Python once, not one element at a time per row
-        extra = 1 if "kv-rewind-off-by-one" in faults else 0
         n_prev = torch.tensor([len(s.tokens) for s in seqs])
-        self.cache.lengths[slots] = torch.minimum(start + K + 1, n_prev + n_acc + extra)
+        self.cache.lengths[slots] = self.rules.committed(start, K, n_prev, n_acc)
         accepted, proposed, bonus_tok = n_acc.tolist(), lens.tolist(), nxt.tolist()
         draft_ids = drafts.tolist()
         row_records, outputs = [], []
@@ -330,6 +292,28 @@ class SpecEngine:
         finally:
             for seq, out in outputs:
                 seq.on_output(out)
+
+    def _verify(self, seqs, proposal, row_of, drafts, lens, logits, sampled_u, k_chosen):
+        """Accepted drafts and the next token per row [B], [B]: greedy rows by matching the
+        target's argmax, sampled rows by rejection sampling (the rules say which is which)."""
+        B, K = drafts.shape
+        n_acc = torch.zeros(B, dtype=torch.long)
+        nxt = torch.zeros(B, dtype=torch.long)
+        greedy = self.rules.greedy_rows([s.request.params for s in seqs])
+        if bool(greedy.any()):
+            g = greedy.nonzero().flatten()
+            n_acc[g], nxt[g] = verify_greedy(drafts[g], lens[g], logits[g])
+        if not bool(greedy.all()):
+            s_idx = (~greedy).nonzero().flatten()
+            params = [seqs[int(i)].request.params for i in s_idx]
+            target_probs = probs_from_logits(logits[s_idx], *self.rules.target_side(params))
+            draft_probs = self._draft_probs(proposal, row_of, s_idx, drafts, K,
+                                            target_probs.shape[-1])
+            u = torch.stack([sampled_u[int(i)] for i in s_idx])  # [b, 2k+1]
+            acc_u = u[:, k_chosen:k_chosen + K] if K else u[:, :0]
+            n_acc[s_idx], nxt[s_idx] = self.rules.verify_sampled(
+                drafts[s_idx], lens[s_idx], draft_probs, target_probs, acc_u, u[:, -1])
+        return n_acc, nxt
 
     @staticmethod
     def _draft_probs(proposal, row_of, s_idx, drafts, K, V) -> torch.Tensor:

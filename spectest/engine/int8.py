@@ -15,9 +15,9 @@ with zero weights) pin the tensor's range to exactly [−1, 1] whatever the batc
 integer GEMM is exact, so verify(K+1) and step(1) produce bit-identical logits for the same row.
 
 Why int8 at all: SmolLM2-135M reads 540 MB of fp32 weights per token, so a one-row step is
-memory-bound and a (K+1)-row verify costs 1.5–1.7× a step in fp32 GEMMs. Int8 weights read a
-quarter of that; measured on this project's 2-core machine (1 thread): step 58 → 23 ms, verify
-of 5 rows / step 1.46 → 1.23. The tiny embedded pair is overhead-bound and stays fp32.
+memory-bound and a (K+1)-row verify costs well over a step in fp32 GEMMs. Int8 weights read a
+quarter of that, which shortens both (``benchmarks/models.py --pair smollm2``; figures in
+docs/results.md). The tiny embedded pair is overhead-bound and stays fp32.
 
 Does not know: files, sampling, speculation. The embedding table stays float (a lookup reads
 one row); a tied LM head gets its own int8 copy. ``torch.ao`` quantized tensors are deprecated

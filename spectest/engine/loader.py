@@ -2,10 +2,12 @@
 
 Owns: reading a Hugging Face checkpoint directory (``config.json``, ``model.safetensors`` or a
 sharded ``model.safetensors.index.json``, ``tokenizer.json``, optional
-``tokenizer_config.json`` / ``chat_template.jinja`` / ``generation_config.json``), checking the
-tensors against the model's parameters by name and shape, and casting them to the requested
-dtype (fp32 by default, whatever the storage dtype). A path ending in ``.gguf`` is handed to
-:mod:`spectest.engine.gguf_loader`, which shares :func:`build_model` with this module.
+``tokenizer_config.json`` / ``chat_template.jinja`` / ``generation_config.json``) into a config,
+named tensors and a tokenizer. A path ending in ``.gguf`` is handed to
+:mod:`spectest.engine.gguf_loader`. Both build the model with :mod:`spectest.engine.weights`
+(tensors checked against the model's parameters by name and shape, cast to the requested dtype:
+fp32 by default, whatever the storage dtype), which also holds :class:`CheckpointError` and
+:class:`LoadedModel` (importable from here too).
 
 Does not know: the forward pass, sampling or serving. Every problem with the files raises
 :class:`CheckpointError`, whose message names the path and what is missing or wrong.
@@ -14,7 +16,6 @@ Does not know: the forward pass, sampling or serving. Every problem with the fil
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import tokenizers
@@ -22,34 +23,21 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from spectest.engine.model import SUPPORTED_ARCHITECTURES, ModelConfig, Transformer
+from spectest.engine.model import SUPPORTED_ARCHITECTURES, ModelConfig
 from spectest.engine.tokenizer import Tokenizer
+from spectest.engine.weights import CheckpointError, LoadedModel, build_model, short_list
 
 INDEX_FILE = "model.safetensors.index.json"
 # spectest's own, optional: the token ids a draft's head drafts over (its most frequent answer
 # tokens); the others get draft probability 0. Other loaders (transformers, llama.cpp) ignore it.
 HEAD_TOKENS_FILE = "head_tokens.json"
-# Non-parameter tensors some exporters write; they carry nothing the model needs.
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded; the message says which file and why."""
-
-
-@dataclass(frozen=True)
-class LoadedModel:
-    model: Transformer  # eval mode, no grad
-    tokenizer: Tokenizer
-    name: str
-    head_token_ids: tuple[int, ...] | None = None  # HEAD_TOKENS_FILE, when the checkpoint has one
 
 
 def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32) -> LoadedModel:
     """Load a HF checkpoint directory or a ``.gguf`` file (weights cast to ``dtype``)."""
     path = Path(path)
     if path.suffix == ".gguf":
-        from spectest.engine import gguf_loader  # imports this module; loaded on demand
+        from spectest.engine import gguf_loader  # the gguf package: loaded on demand
         return gguf_loader.load_gguf(path, dtype)
     if not path.exists():
         raise CheckpointError(f"{path}: no such checkpoint directory or .gguf file")
@@ -101,48 +89,6 @@ def config_from_hf(hf_config: dict, path: Path) -> ModelConfig:
         raise CheckpointError(f"{path / 'config.json'}: missing key {exc.args[0]!r}") from None
 
 
-def build_model(cfg: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
-                source: Path) -> Transformer:
-    """A :class:`Transformer` holding ``tensors`` (names as HF's, with or without ``model.``).
-
-    Raises :class:`CheckpointError` listing missing, unexpected and wrongly shaped tensors.
-    """
-    state = {}
-    for name, tensor in tensors.items():
-        if name.endswith(_IGNORED_SUFFIXES):
-            continue
-        state[name.removeprefix("model.")] = tensor
-    if cfg.tie_word_embeddings:
-        state.pop("lm_head.weight", None)  # the model shares embed_tokens.weight
-    try:
-        model = Transformer(cfg)
-    except ValueError as exc:  # e.g. an unsupported rope_scaling type
-        raise CheckpointError(f"{source}: {exc}") from None
-    expected = {name: p.shape for name, p in model.state_dict().items()}
-    if cfg.tie_word_embeddings:
-        expected.pop("lm_head.weight")
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    wrong = [f"{n} {tuple(state[n].shape)} (expected {tuple(expected[n])})"
-             for n in sorted(set(state) & set(expected)) if state[n].shape != expected[n]]
-    problems = []
-    if missing:
-        problems.append("missing tensors: " + _short_list(missing))
-    if unexpected:
-        problems.append("unexpected tensors: " + _short_list(unexpected))
-    if wrong:
-        problems.append("shape mismatch: " + _short_list(wrong))
-    if problems:
-        raise CheckpointError(f"{source}: " + "; ".join(problems))
-    with torch.no_grad():
-        for name, param in model.state_dict().items():
-            if name in state:
-                param.copy_(state[name])
-        for param in model.parameters():  # parameters only: RoPE buffers stay fp32
-            param.data = param.data.to(dtype)
-    return model.eval().requires_grad_(False)
-
-
 def load_hf_tokenizer(path: Path, hf_config: dict | None = None) -> Tokenizer:
     """``tokenizer.json`` plus the special-token facts from the optional config files."""
     tok_file = path / "tokenizer.json"
@@ -190,14 +136,14 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
         shards = sorted(set(weight_map.values()))
         absent = [s for s in shards if not (path / s).is_file()]
         if absent:
-            raise CheckpointError(f"{index}: missing shard files: {_short_list(absent)}")
+            raise CheckpointError(f"{index}: missing shard files: {short_list(absent)}")
         tensors: dict[str, torch.Tensor] = {}
         for shard in shards:
             tensors.update(_load_safetensors_file(path / shard))
         not_found = sorted(set(weight_map) - set(tensors))
         if not_found:
             raise CheckpointError(f"{index}: tensors listed in the index but absent from "
-                                  f"their shards: {_short_list(not_found)}")
+                                  f"their shards: {short_list(not_found)}")
         return tensors
     if single.is_file():
         return _load_safetensors_file(single)
@@ -233,8 +179,3 @@ def _token_text(value) -> str | None:
     if isinstance(value, dict):
         value = value.get("content")
     return value if isinstance(value, str) else None
-
-
-def _short_list(items: list[str], limit: int = 8) -> str:
-    shown = ", ".join(items[:limit])
-    return shown + (f", … ({len(items) - limit} more)" if len(items) > limit else "")

@@ -221,12 +221,11 @@ def decode_queries(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
 
     The G = H / H_kv query heads that share a kv head go in as that head's G query rows
     (query heads are grouped by kv head, as ``enable_gqa`` groups them), so the kernel reads
-    each kv head once and never expands the keys: 1.1-1.4× faster than ``enable_gqa`` per
-    call here, and a call's shape and strides depend on nothing but its count. The views are
-    cut once for all T queries (one ``unbind``, a ``narrow`` per key span) rather than indexed
-    per query: int8 SmolLM2's verify(5) / step(1) 1.405-1.420 → 1.394-1.401 (the
-    ``step_and_verify_ms`` of ``benchmarks/models.py --pair smollm2 --threads 1``, old and new
-    code alternated in one session).
+    each kv head once and never expands the keys (faster than ``enable_gqa`` per call), and a
+    call's shape and strides depend on nothing but its count. The views are cut once for all T
+    queries (one ``unbind``, a ``narrow`` per key span) rather than indexed per query, which
+    lowers int8 SmolLM2's verify / step ratio (measured with
+    ``benchmarks/models.py --pair smollm2 --threads 1``; figures in docs/results.md).
     """
     _, H, T, hd = q.shape
     n_kv = keys.shape[1]

@@ -3,7 +3,7 @@
 It rides on Locust's ``FastHttpSession`` (geventhttpclient): one request, ``stream=True``,
 and the SSE body read with ``resp.stream.readline(b"\\n")`` — the read that hands data to the
 client as soon as a line arrives (``iter_lines()`` reads 1 KiB blocks and adds ~95 ms to TTFT,
-``readline()``'s default ``b"\\r\\n"`` waits for the whole body; see shared/REFERENCE.md) — plus
+``readline()``'s default ``b"\\r\\n"`` waits for the whole body) — plus
 every further complete line the same socket read already buffered (:func:`_lines`): one call per
 read from the socket, not one per event, which was the largest per-event cost left in the
 Locust user (a response's 64 events came in about 5 reads). Lines that arrive in one read get
@@ -250,7 +250,7 @@ def _read_stream(stream, t0: float, keep_text: bool, base: dict) -> StreamResult
                     response_id = event.get("id", "")
                 if event.get("usage"):
                     usage = event["usage"]
-                stats = response_stats(event)  # spectest's `spec`, llama.cpp's `timings`
+                stats = response_stats(event)  # spectest spec, llama.cpp timings, vLLM metrics
                 if stats is not None:
                     spec = {**(event.get("spec") or {}), **stats.as_spec()}
                 for choice in event.get("choices") or ():

@@ -26,6 +26,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from spectest import files
+
 CATEGORIES = ("chat", "code", "rag")
 BUILTIN = ("chat", "code", "rag", "mixed")
 DEFAULT_EXPECTED_TOKENS = 256
@@ -137,9 +139,10 @@ def estimate_tokens(text: str) -> int:
 
 
 def data_dir() -> Path:
-    """The bundled datasets: ``$SPECTEST_WORKLOADS_DATA`` or ``<repo>/workloads/data``."""
+    """The bundled datasets: ``$SPECTEST_WORKLOADS_DATA``, else ``workloads/data`` of the
+    checkout or of the installed package (``spectest.files``)."""
     env = os.environ.get("SPECTEST_WORKLOADS_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "workloads" / "data"
+    return Path(env) if env else files.ROOT / "workloads" / "data"
 
 
 def load_dataset(path_or_name: str | os.PathLike, seed: int | None = None,

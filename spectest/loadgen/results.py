@@ -1,4 +1,4 @@
-"""Per-request log and per-step summary of a load run — the files the report (issue 6) reads.
+"""Per-request log and per-step summary of a load run — the files the sweep report reads.
 
 One run writes one folder (``--results-dir``; a new test start truncates it):
 
@@ -45,12 +45,19 @@ One run writes one folder (``--results-dir``; a new test start truncates it):
     goodput_rps            requests meeting every SLO given / duration_s (DistServe)
     slo_attainment         share of successful requests meeting every SLO
     tokens_per_chunk       output_tokens / chunks (> 1 when a chunk carries a whole round)
-    acceptance_source      a flavour key (spectest | vllm | sglang | llamacpp) or empty: where
-                           the server figures are from
+    acceptance_source      where the acceptance figures are from: a flavour key (spectest |
+                           vllm | sglang | llamacpp: counter deltas on /metrics), "responses"
+                           (the per-request stats of the step's responses, summed: a workload
+                           row where the server's counters carry no workload label — vLLM
+                           with --per-request-spec-decode-metrics, llama.cpp's timings), or
+                           empty
     drafts, draft_tokens, accepted_tokens
-                           server counter deltas over the step (/metrics at both boundaries)
+                           server counter deltas over the step (/metrics at both boundaries),
+                           or the responses' sums ("responses"; drafts empty where a server
+                           does not report rounds per request: llama.cpp)
     acceptance_rate        Δaccepted / Δdraft_tokens (empty when no drafts)
     mean_accepted_length   1 + Δaccepted / Δdrafts (SGLang: its gauge at the step's end)
+    acceptance_note        why acceptance_rate or mean_accepted_length is empty, in words
     client_acceptance_rate, client_mean_accepted_length
                            the same figures summed from the per-response ``spec`` objects
     client_cpu             the busiest load-generating process's mean share of a core it ran
@@ -83,10 +90,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from spectest import flavours
 from spectest.loadgen import cpu as cpu_mod
 from spectest.loadgen.client import StreamResult
 from spectest.loadgen.scrape import ALL, Acceptance, Snapshot, acceptance
 
+RESPONSES = "responses"  # acceptance_source of figures summed from per-request stats
 PERCENTILES = (50, 90, 99)
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
 COLUMNS = (["step", "workload", "users", "request_rate", "speculative", "started_at",
@@ -95,7 +104,7 @@ COLUMNS = (["step", "workload", "users", "request_rate", "speculative", "started
            + ["output_tokens", "output_tokens_per_s", "requests_per_s", "goodput_rps",
               "slo_attainment", "tokens_per_chunk", "acceptance_source", "drafts",
               "draft_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_length",
-              "client_acceptance_rate", "client_mean_accepted_length", "client_cpu",
+              "acceptance_note", "client_acceptance_rate", "client_mean_accepted_length", "client_cpu",
               "client_saturated"])
 
 
@@ -128,6 +137,7 @@ class _Bucket:
     spec_drafts: float = 0.0
     spec_draft_tokens: float = 0.0
     spec_accepted: float = 0.0
+    spec_rows: int = 0  # responses that carried their own draft stats
     spec_rows_with_drafts: int = 0  # responses that said how many drafts (llama.cpp does not)
     reconnects: int = 0
     usage_missing: int = 0
@@ -137,6 +147,26 @@ class _Bucket:
     e2el: array = field(default_factory=lambda: array("d"))
     errors: Counter = field(default_factory=Counter)
     cpu: list = field(default_factory=list)  # (worker, client_cpu) of every row
+
+    @property
+    def response_rate(self) -> float | None:
+        return self.spec_accepted / self.spec_draft_tokens if self.spec_draft_tokens else None
+
+    def response_mean_length(self, ok: int) -> float | None:
+        """1 + accepted / drafts, where every successful response said how many drafts."""
+        return (1 + self.spec_accepted / self.spec_drafts
+                if self.spec_drafts and self.spec_rows_with_drafts == ok else None)
+
+    def from_responses(self, ok: int) -> Acceptance | None:
+        """The step's acceptance summed from its responses' own stats (None: no response
+        carried any)."""
+        if not self.spec_rows:
+            return None
+        complete = self.spec_rows_with_drafts == ok
+        return Acceptance(source=RESPONSES, drafts=self.spec_drafts if complete else None,
+                          draft_tokens=self.spec_draft_tokens, accepted=self.spec_accepted,
+                          acceptance_rate=self.response_rate,
+                          mean_accepted_length=self.response_mean_length(ok))
 
     def add(self, row: dict) -> None:
         self.requests += 1
@@ -156,6 +186,7 @@ class _Bucket:
         self.itl.extend(row["itl_ms"])
         spec = row.get("spec") or {}
         if spec.get("draft_tokens") is not None:
+            self.spec_rows += 1
             self.spec_draft_tokens += spec.get("draft_tokens") or 0
             self.spec_accepted += spec.get("accepted_tokens") or 0
             if spec.get("drafts") is not None:
@@ -310,7 +341,7 @@ class ResultsSink:
         pos_cols = [f"acceptance_pos_{i}" for i in range(self.max_positions)]
         return pd.DataFrame(self.rows(), columns=COLUMNS + pos_cols)
 
-    def _row(self, step: Step, key: str, b: _Bucket, acc: Acceptance | None) -> dict:
+    def _row(self, step: Step, key: str, b: _Bucket, server: Acceptance | None) -> dict:
         end = step.ended_at if step.ended_at is not None else time.time()
         duration = max(1e-9, end - step.started_at)
         ok = b.requests - b.failures
@@ -329,23 +360,51 @@ class ResultsSink:
             output_tokens=b.output_tokens, output_tokens_per_s=b.output_tokens / duration,
             requests_per_s=ok / duration, goodput_rps=b.slo_ok / duration,
             slo_attainment=b.slo_ok / ok if ok else None,
-            tokens_per_chunk=b.output_tokens / b.chunks if b.chunks else None,
+            tokens_per_chunk=b.output_tokens / b.chunks if b.chunks else None)
+        acc = server if server is not None else b.from_responses(ok)
+        row.update(
             acceptance_source=acc.source if acc else None,
             drafts=acc.drafts if acc else None, draft_tokens=acc.draft_tokens if acc else None,
             accepted_tokens=acc.accepted if acc else None,
             acceptance_rate=acc.acceptance_rate if acc else None,
             mean_accepted_length=acc.mean_accepted_length if acc else None,
-            client_acceptance_rate=(b.spec_accepted / b.spec_draft_tokens
-                                    if b.spec_draft_tokens else None),
-            client_mean_accepted_length=(1 + b.spec_accepted / b.spec_drafts
-                                         if b.spec_drafts and b.spec_rows_with_drafts == ok
-                                         else None),
+            acceptance_note=_acceptance_note(key, acc, ok, self.latest),
+            client_acceptance_rate=b.response_rate,
+            client_mean_accepted_length=b.response_mean_length(ok),
             client_cpu=cpu_mod.busiest(b.cpu))
         row["client_saturated"] = cpu_mod.is_saturated(row["client_cpu"])
         for i in range(self.max_positions):
             per = acc.per_position if acc else ()
             row[f"acceptance_pos_{i}"] = per[i] if i < len(per) else None
         return row
+
+
+def _acceptance_note(key: str, acc: Acceptance | None, ok: int,
+                     latest: Snapshot | None) -> str | None:
+    """Why a row has no acceptance rate or mean accepted length, in words (None: it has)."""
+    if acc is not None and acc.acceptance_rate is not None and \
+            acc.mean_accepted_length is not None:
+        return None
+    if not ok:
+        return "no successful request in the step"
+    source = latest.source if latest is not None else "none"
+    flavour = flavours.BY_KEY.get(source) or flavours.BY_KEY.get(acc.source if acc else "")
+    name = flavour.display if flavour else "the server"
+    if acc is not None and acc.source == RESPONSES and acc.acceptance_rate is not None:
+        return (f"{name} reports no draft rounds per request: the mean accepted length is on "
+                f"the all row (its counters)")
+    if acc is not None and not acc.draft_tokens and acc.source != RESPONSES and \
+            acc.mean_accepted_length is None:
+        return "no drafts in the step (speculation off, or nothing to draft)"
+    if key != ALL and flavour is not None and not flavour.workload_label:
+        how = (f"start it with {flavour.stats_flag}" if flavour.stats_flag
+               else "it reports none")
+        return (f"{name}'s counters carry no workload label and its responses no per-request "
+                f"stats ({how}): see the all row")
+    if acc is None:
+        return ("no speculative-decoding counters on /metrics and no per-request stats in "
+                "the responses (a server without speculation?)")
+    return None
 
 
 def summary_line(row: dict) -> str:
@@ -358,6 +417,8 @@ def summary_line(row: dict) -> str:
     if row.get("usage_missing"):
         extra += (f" no_usage={row['usage_missing']} (tokens counted as chunks: an undercount "
                   f"when a chunk holds several)")
+    source = " (from responses)" if row.get("acceptance_source") == RESPONSES else ""
+    note = f" [{row['acceptance_note']}]" if row.get("acceptance_note") else ""
     flag = cpu_mod.flag_text(row.get("client_cpu"))
     if flag:
         extra += f" WARNING {flag}"
@@ -366,10 +427,9 @@ def summary_line(row: dict) -> str:
             f"ttft_p50={f(row['ttft_p50_ms'], '.1f')}ms tpot_p50={f(row['tpot_p50_ms'], '.2f')}ms "
             f"tok/s={f(row['output_tokens_per_s'], '.1f')} "
             f"acceptance={f(row['acceptance_rate'], '.3f')} "
-            f"mean_len={f(row['mean_accepted_length'], '.2f')}{extra}")
+            f"mean_len={f(row['mean_accepted_length'], '.2f')}{source}{extra}{note}")
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    from spectest import files  # standard library only, as Locust's processes need
+    files.write_atomic(path, text)

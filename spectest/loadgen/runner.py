@@ -1,32 +1,31 @@
 """Run spectest's processes: a headless Locust test (and its results folder), or the stub.
 
-``run_locust(LocustRun(...))`` is what a sweep calls for each (workload, speculation) pair:
-it starts ``locust -f <locustfile> --headless`` with the spectest flags — or one master plus
-``workers`` worker processes on loopback — waits for it (bounded by ``timeout_s``), and returns
-where ``requests.jsonl`` / ``steps.csv`` were written (see ``results``) with the exit code and
-the log. The Locust processes are always reaped; a timed-out run is terminated, and whatever
-it measured so far is still in the folder.
+``LocustProcess`` is the one way spectest starts Locust: ``locust -f <locustfile> --headless``
+with the spectest flags (``locust_args``) — or, with ``workers``, a master that forks that many
+workers (``--processes``) talking over a free loopback port — as a :class:`spectest.procs.Child`
+whose output goes to ``locust.log`` in the results folder. Stopping it sends SIGTERM to the
+master alone (Locust then stops its workers and closes its files), then SIGKILL to whatever of
+its process group is left after a grace. ``run_locust(LocustRun(...))`` runs one to completion,
+bounded by ``timeout_s``, and returns where ``requests.jsonl`` / ``steps.csv`` were written (see
+``results``) with the exit code and the log; the sweep's step (``sweep.step``) watches one
+while it runs.
 
 ``StubProcess`` starts ``spectest.loadgen.stub`` on a free port for tests and benchmarks.
-Neither parses results or decides anything; they build command lines, wait and clean up.
+Neither parses results or decides anything; they build command lines, wait and clean up. The
+child-process mechanics (environment, log, process group, stop) are :mod:`spectest.procs`'.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import signal
-import socket
 import subprocess
-import sys
-import threading
-import time
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-WORKLOADS = REPO_ROOT / "workloads"
+from spectest import procs
+
+WORKLOADS = procs.REPO_ROOT / "workloads"
 
 
 @dataclass(frozen=True)
@@ -47,7 +46,7 @@ class LocustRun:
     slo_ttft_ms: float = 0.0
     slo_tpot_ms: float = 0.0
     slo_e2el_ms: float = 0.0
-    workers: int = 0  # 0: one process; N: a master and N workers
+    workers: int = 0  # 0: one process; N: a master and N workers it forks
     stop_timeout_s: float = 30.0
     nice: int = 0  # priority change for the Locust processes (< 0 needs privileges)
     extra_args: tuple[str, ...] = field(default_factory=tuple)
@@ -102,132 +101,113 @@ def planned_seconds(run: LocustRun) -> float:
     return min(planned, run.run_time_s or planned)
 
 
+def locust_argv(run: LocustRun) -> list[str]:
+    """The whole command line: one process, or a master forking ``run.workers`` workers that
+    reach it on a free loopback port."""
+    argv = procs.python_argv("locust", "-f", locustfile_path(run.locustfile), *locust_args(run))
+    if run.workers:
+        port = str(procs.free_port())
+        argv += ["--processes", str(run.workers), "--master-bind-host", "127.0.0.1",
+                 "--master-bind-port", port, "--master-port", port,
+                 "--expect-workers-max-wait", "60"]
+    return argv
+
+
+def locust_env(env: dict | None = None) -> dict[str, str]:
+    env = procs.python_env(env)
+    env.pop("LOCUST_SKIP_MONKEY_PATCH", None)  # a test process may set it; Locust needs gevent
+    return env
+
+
+class LocustProcess:
+    """``with LocustProcess(run) as locust:`` — one Locust run, started; stopped on exit.
+
+    ``terminate`` asks it to end now (SIGTERM to the master: Locust writes its summary and
+    closes its files with what it measured so far); ``stop`` asks, if nobody has, waits up to
+    ``grace_s`` and kills the whole process group (forked workers included).
+    """
+
+    def __init__(self, run: LocustRun, env: dict | None = None, grace_s: float = 15.0):
+        self.results_dir = Path(run.results_dir)
+        self.log_path = self.results_dir / "locust.log"
+        self.grace_s = grace_s
+        self.child = procs.Child(locust_argv(run), name="Locust", log_path=self.log_path,
+                                 env=locust_env(env), nice=run.nice)
+        self._asked = False
+
+    def start(self) -> LocustProcess:
+        self.child.start()  # creates the results folder, which holds its log
+        return self
+
+    def poll(self) -> int | None:
+        return self.child.proc.poll()
+
+    @property
+    def returncode(self) -> int | None:
+        return self.child.proc.returncode
+
+    def wait(self, timeout_s: float) -> bool:
+        """True when Locust ended within ``timeout_s``."""
+        try:
+            self.child.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def terminate(self) -> None:
+        if self.poll() is None:
+            self._asked = True
+            self.child.proc.terminate()
+
+    def stop(self) -> None:
+        if not self._asked:
+            self.terminate()
+        self.wait(self.grace_s)
+        self.child.kill()
+
+    def __enter__(self) -> LocustProcess:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
 def run_locust(run: LocustRun, timeout_s: float | None = None,
                env: dict | None = None) -> RunOutcome:
     """Run to completion (or ``timeout_s``, default: the plan + stop timeout + 60 s)."""
-    out = Path(run.results_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    log_path = out / "locust.log"
-    locustfile = locustfile_path(run.locustfile)
-    env = {**os.environ, **(env or {})}
-    env.pop("LOCUST_SKIP_MONKEY_PATCH", None)  # a test process may set it; Locust needs gevent
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    base = [sys.executable, "-m", "locust", "-f", locustfile]
     timeout_s = timeout_s or planned_seconds(run) + run.stop_timeout_s + 60
-    procs: list[subprocess.Popen] = []
-    with open(log_path, "w", encoding="utf-8") as log:
-        if run.workers:
-            port = free_port()
-            master = base + locust_args(run) + ["--master", "--master-bind-host", "127.0.0.1",
-                                                "--master-bind-port", str(port),
-                                                "--expect-workers", str(run.workers),
-                                                "--expect-workers-max-wait", "60"]
-            procs.append(subprocess.Popen(master, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                          preexec_fn=_renice(run.nice)))
-            for _ in range(run.workers):
-                procs.append(subprocess.Popen(
-                    base + ["--worker", "--master-host", "127.0.0.1", "--master-port", str(port)],
-                    stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=_renice(run.nice)))
-        else:
-            procs.append(subprocess.Popen(base + locust_args(run), stdout=log,
-                                          stderr=subprocess.STDOUT, env=env,
-                                          preexec_fn=_renice(run.nice)))
-        timed_out = False
-        try:
-            procs[0].wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
+    timed_out = False
+    with LocustProcess(run, env) as locust:
+        if not locust.wait(timeout_s):
             timed_out = True
-            procs[0].send_signal(signal.SIGTERM)  # Locust writes its summary on SIGTERM
-        finally:
-            _reap(procs)
-    return RunOutcome(procs[0].returncode, out, log_path, timed_out)
+            locust.terminate()  # Locust writes its summary on SIGTERM
+    return RunOutcome(locust.returncode, locust.results_dir, locust.log_path, timed_out)
 
 
-def _reap(procs: list[subprocess.Popen], grace_s: float = 15.0) -> None:
-    deadline = time.monotonic() + grace_s
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
-def _renice(nice: int, cpu: int | None = None):
-    """A ``preexec_fn``: change priority (best effort) and pin to one core, if asked."""
-    if not nice and cpu is None:
-        return None
-
-    def apply() -> None:
-        if nice:
-            try:
-                os.nice(nice)
-            except OSError:  # not allowed here: run at normal priority
-                pass
-        if cpu is not None:
-            os.sched_setaffinity(0, {cpu})
-    return apply
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class StubProcess:
+class StubProcess(procs.Child):
     """``with StubProcess("--ttft-ms", "20") as url:`` — the stub in its own process.
 
-    Started with ``--port 0``; the URL comes from its "listening on" line. On exit it is
-    terminated (SIGTERM, then SIGKILL). ``cpu`` pins it to one core (``os.sched_setaffinity``),
-    ``nice`` changes its priority (best effort).
+    Started with ``--port 0``; the URL comes from its "listening on" line in its log (a
+    temporary file, removed on exit). On exit it is stopped (SIGTERM, then SIGKILL). ``cpu``
+    pins it to one core, ``nice`` changes its priority (best effort).
     """
 
     def __init__(self, *args: str, cpu: int | None = None, nice: int = 0,
                  start_timeout_s: float = 20.0):
-        self.args, self.cpu, self.nice = args, cpu, nice
-        self.start_timeout_s = start_timeout_s
-        self.proc: subprocess.Popen | None = None
-        self._reader: threading.Thread | None = None
-        self.url = ""
+        self.args = args
+        super().__init__(procs.python_argv("spectest.loadgen.stub", "--port", "0", *args),
+                         name="the stub", log_path=os.devnull, env=procs.python_env(),
+                         ready_pattern=r"listening on (http://\S+)",
+                         start_timeout_s=start_timeout_s, stop_timeout_s=5.0, cpu=cpu,
+                         nice=nice)
+
+    def start(self) -> StubProcess:
+        self.log_path = procs.temp_log("spectest-stub-")
+        return super().start()
 
     def __enter__(self) -> str:
-        root = str(Path(__file__).resolve().parents[2])
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            filter(None, [root, os.environ.get("PYTHONPATH")]))}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "spectest.loadgen.stub", "--port", "0", *self.args],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-            preexec_fn=_renice(self.nice, self.cpu))
-        deadline = time.monotonic() + self.start_timeout_s
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if "listening on " in line:
-                self.url = line.rsplit("listening on ", 1)[1].strip()
-                self.output = deque(maxlen=200)  # keep draining so the pipe never fills
-                self._reader = threading.Thread(target=self.output.extend,
-                                                args=(self.proc.stdout,), daemon=True)
-                self._reader.start()
-                return self.url
-            if not line and self.proc.poll() is not None:
-                break
-        self.__exit__(None, None, None)
-        raise RuntimeError(f"stub did not start (args {self.args})")
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        return super().__enter__().url
 
     def __exit__(self, *exc) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        if self._reader is not None:
-            self._reader.join(timeout=5)
-        self.proc.stdout.close()
+        super().__exit__(*exc)
+        self.log_path.unlink(missing_ok=True)

@@ -14,10 +14,10 @@ Every event carries ``stub_sent_at`` (the stub's monotonic clock just before the
 token chunk — the ground truth the timing-accuracy test and the capacity benchmark compare the
 client against (nominal sleeps are not trusted: asyncio wakes ~1 ms late).
 
-``/metrics`` exposes the spec-decode counters under ``spectest:`` names (from
-``spectest.telemetry.names``), or as vLLM (``vllm:`` prefix, ``engine`` label) or SGLang
-(``sglang:spec_accept_length`` gauge) would, so the scraper can be tested against each. It is a
-test double for the serving contract in docs/ARCHITECTURE.md, not a server to deploy.
+``/metrics`` exposes the spec-decode counters as one flavour's row in ``spectest.flavours``
+names and labels them — spectest's own, vLLM's (``vllm:`` prefix, ``engine`` label) or SGLang's
+(a mean accepted length gauge instead of counters) — so the scraper can be tested against each.
+It is a test double for the serving contract in docs/ARCHITECTURE.md, not a server to deploy.
 
     python -m spectest.loadgen.stub --port 0 --ttft-ms 20 --itl-ms 5 --metrics spectest
 """
@@ -38,10 +38,11 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from spectest import flavours
 from spectest.loops import run_loop
 from spectest.telemetry import names as N
 
-MetricsFlavour = Literal["spectest", "vllm", "sglang"]
+MetricsFlavour = Literal["spectest", "vllm", "sglang"]  # the flavours the stub can imitate
 
 
 @dataclass(frozen=True)
@@ -103,23 +104,27 @@ class _CompletionRequest(_Common):
 
 
 class _Metrics:
-    """The stub's counters in one of three naming flavours, on an injected registry."""
+    """The stub's counters named and labelled as a flavour's row says, on an injected
+    registry: the four spec-decode counters and generated tokens, or (a row with an
+    ``accept_length_gauge``) SGLang's two gauges instead."""
 
     def __init__(self, cfg: StubConfig, registry: CollectorRegistry):
         self.cfg, self.registry = cfg, registry
+        self.flavour = f = flavours.get(cfg.metrics)
+        self.gauges = bool(f.accept_length_gauge)
         self.sum_len = self.rounds = 0
-        if cfg.metrics == "sglang":
-            self.accept_length = Gauge("sglang:spec_accept_length", "Mean accept length.",
-                                       ["model_name"], registry=registry)
-            self.accept_rate = Gauge("sglang:spec_accept_rate", "Accept rate (bonus counted).",
-                                     ["model_name"], registry=registry)
+        # label values by label name: the engine index is vLLM's (one engine here)
+        self._values = {"model_name": cfg.model, "drafter": cfg.drafter, "engine": "0"}
+        if self.gauges:
+            self.accept_length = Gauge(f.accept_length_gauge, "Mean accept length.",
+                                       list(f.labels), registry=registry)
+            self.accept_rate = Gauge(f.accept_rate_gauge, "Accept rate (bonus counted).",
+                                     list(f.labels), registry=registry)
             return
-        prefix = "vllm:" if cfg.metrics == "vllm" else N.PREFIX
-        base = ("model_name", "engine") if cfg.metrics == "vllm" else N.REQUEST_LABELS
 
         def counter(spec: N.MetricSpec, extra: tuple[str, ...] = ()) -> Counter:
-            return Counter(N.renamed(spec, prefix), spec.help, list(base + extra),
-                           registry=registry)
+            return Counter(f.samples[spec.name].removesuffix("_total"), spec.help,
+                           list(f.labels + extra), registry=registry)
 
         self.drafts = counter(N.SPEC_NUM_DRAFTS)
         self.draft_tokens = counter(N.SPEC_NUM_DRAFT_TOKENS)
@@ -128,16 +133,16 @@ class _Metrics:
         self.generation = counter(N.GENERATION_TOKENS)
 
     def _labels(self, workload: str) -> tuple[str, ...]:
-        if self.cfg.metrics == "vllm":
-            return (self.cfg.model, "0")
-        return (self.cfg.model, self.cfg.drafter, workload)
+        return tuple(workload if label == "workload" else self._values[label]
+                     for label in self.flavour.labels)
 
     def round(self, workload: str, k: int, accepted: int, emitted: int) -> None:
-        if self.cfg.metrics == "sglang":
+        if self.gauges:
             self.rounds += 1
             self.sum_len += accepted + 1
-            self.accept_length.labels(self.cfg.model).set(self.sum_len / self.rounds)
-            self.accept_rate.labels(self.cfg.model).set(
+            lab = self._labels(workload)
+            self.accept_length.labels(*lab).set(self.sum_len / self.rounds)
+            self.accept_rate.labels(*lab).set(
                 self.sum_len / (self.rounds * (self.cfg.spec_k + 1)))
             return
         lab = self._labels(workload)
@@ -151,7 +156,7 @@ class _Metrics:
 
     def response(self, workload: str, k: int, chunks: list[tuple[int, int]], tokens: int) -> None:
         """A whole response's chunks at once (burst mode): the same totals as chunk by chunk."""
-        if self.cfg.metrics == "sglang":
+        if self.gauges:
             for n, accepted in chunks:
                 if accepted >= 0:
                     self.round(workload, k, accepted, n)
@@ -171,7 +176,7 @@ class _Metrics:
                     self.per_pos.labels(*lab, str(pos)).inc(hits)
 
     def first_token(self, workload: str) -> None:
-        if self.cfg.metrics != "sglang":
+        if not self.gauges:
             self.generation.labels(*self._labels(workload)).inc()
 
 
@@ -431,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--accept-prob", type=float, default=0.7)
     ap.add_argument("--no-speculative-default", action="store_true")
     ap.add_argument("--model", default="stub-model")
-    ap.add_argument("--metrics", choices=["spectest", "vllm", "sglang"], default="spectest")
+    ap.add_argument("--metrics", choices=list(MetricsFlavour.__args__), default="spectest")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--refuse-field", default="", help="fault: 400 when the body has this field")
     ap.add_argument("--no-usage", action="store_true", help="fault: never send usage")

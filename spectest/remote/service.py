@@ -42,8 +42,8 @@ from spectest.engine.int8 import QUANTIZE_CHOICES, should_quantize
 from spectest.engine.loader import LoadedModel, load_checkpoint, peek_config
 from spectest.engine.policies import ConfidenceStop
 from spectest.remote import wire
-from spectest.server.errors import APIError, error_middleware, validation_error
-from spectest.server.serve import until_signalled
+from spectest.http_errors import APIError, error_middleware, validation_error
+from spectest.loops import until_signalled
 
 log = logging.getLogger("spectest.remote")
 MAX_BODY = 16 * 1024 * 1024

@@ -3,8 +3,8 @@ r"""The report's document model and its two writers: Markdown and self-contained
 A document is a list of ``Section``s whose blocks are text (Markdown-ish: ``**bold**`` and
 ``\`code\```), ``Bullets``, ``Table``s and ``Image``s. It is built once and written twice, so
 ``report.md`` and ``report.html`` (images inlined as base64, nothing fetched) never disagree.
-Also the number formats every page shares, and the atomic file write. It knows nothing about
-sweeps or break points.
+Also the number formats every page shares (and ``atomic_write``, which is ``spectest.files``').
+It knows nothing about sweeps or break points.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from spectest.files import write_atomic as atomic_write  # noqa: F401  (the pages' writer)
 
 
 @dataclass(frozen=True)
@@ -51,15 +53,6 @@ def fmt(v, spec: str = ".3g", unit: str = "", none: str = "–") -> str:
 
 def _x(v) -> str:
     return fmt(v, ".2f", "×")
-
-
-def atomic_write(path: Path, data: str | bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    if isinstance(data, bytes):
-        tmp.write_bytes(data)
-    else:
-        tmp.write_text(data, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def to_markdown(title: str, sections: list[Section], base: Path) -> str:

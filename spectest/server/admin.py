@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from spectest.engine.control import (SettingError, SpeculationChange, SpeculationControl,
                                      SpeculationSettings)
-from spectest.server.errors import APIError, validation_error
+from spectest.http_errors import APIError, validation_error
 from spectest.server.schemas import SpeculationUpdate
 
 log = logging.getLogger("spectest.server.admin")

@@ -5,8 +5,9 @@ Owns: routes (``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``, ``/
 handled by ``server.admin``, whose applied changes it feeds to the metrics), SSE streaming,
 request → engine
 translation (tokenizing, chat template, limits), the per-response ``spec`` object, the
-``X-Spectest-Workload`` label, API-key auth, W3C trace context, client-disconnect cancellation
-and graceful drain on shutdown.
+``X-Spectest-Workload`` label, API-key auth, client-disconnect cancellation and graceful drain
+on shutdown. A request's metrics and span (W3C trace context included) sit behind one
+``RequestTelemetry`` (``server.request_telemetry``) that the handler starts, feeds and ends.
 
 Does not know: how the engine drafts or verifies. It submits :class:`GenerationRequest`s to a
 running :class:`SpecEngine` (its own thread) and receives outputs through a thread-safe
@@ -28,22 +29,21 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from aiohttp import web
-from opentelemetry.propagate import extract
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.trace import SpanKind, Status, StatusCode
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, generate_latest
 from pydantic import ValidationError
 
 from spectest.engine.control import SpeculationChange
 from spectest.engine.engine import SpecEngine
 from spectest.engine.requests import (CapacityError, EngineError, GenerationRequest,
-                                      QueueFullError, RequestOutput)
+                                      QueueFullError)
 from spectest.engine.tokenizer import ChatTemplateError
+from spectest.http_errors import APIError, error_middleware, validation_error
 from spectest.server import responses as R
 from spectest.server.admin import Admin
-from spectest.server.errors import APIError, error_middleware, validation_error
 from spectest.server.openapi import openapi_document
 from spectest.server.relay import Outbox, Relay, Unsent
+from spectest.server.request_telemetry import Telemetry
 from spectest.server.schemas import ChatCompletionRequest, CompletionRequest
 from spectest.telemetry import tracing as T
 from spectest.telemetry.metrics import ServingMetrics
@@ -75,11 +75,13 @@ class Server:
         self.metrics.observe_speculation(control.settings().enabled, control.settings().k)
         control.listeners.append(self._speculation_changed)
         self.provider = tracer_provider
-        self.tracer = tracer_provider.get_tracer("spectest.server") if tracer_provider else None
         self.round_tracer = None
         if tracer_provider is not None:
             self.round_tracer = T.RoundTracer(tracer_provider, background=True)
             engine.add_observer(self.round_tracer)
+        self.telemetry = Telemetry(
+            self.metrics, tracer_provider.get_tracer("spectest.server") if tracer_provider
+            else None, self.round_tracer, engine.drafter.name, config.trace_content)
         self.active = 0
         self._outbox: Outbox | None = None
         self.direct_writes = self.handbacks = 0  # streamed rounds the engine thread wrote
@@ -252,54 +254,35 @@ class Server:
             prompt_logprobs=prompt_logprobs, tag=self.metrics.workload_of(tag) if tag != "none"
             else "none")
 
-    def _span(self, request, body, gen, operation):
-        if self.tracer is None:
-            return None
-        attrs = {T.OPERATION: operation, T.REQUEST_MODEL: body.model,
-                 T.TEMPERATURE: body.temperature, T.TOP_P: body.top_p, T.TOP_K: body.top_k,
-                 T.MAX_TOKENS: gen.params.max_tokens, T.RESPONSE_ID: gen.request_id,
-                 "spectest.speculative": gen.speculative, "spectest.workload": gen.tag,
-                 "spectest.drafter": self.engine.drafter.name, "server.port":
-                 request.url.port or 0}
-        if body.seed is not None:
-            attrs[T.SEED] = body.seed
-        if self.config.trace_content:
-            attrs["gen_ai.input.messages"] = json.dumps(
-                body.chat_messages() if operation == "chat" else body.prompt_value())
-        span = self.tracer.start_span(f"{operation} {body.model}", kind=SpanKind.SERVER,
-                                      context=extract(request.headers), attributes=attrs)
-        self.round_tracer.register(gen.request_id, span)
-        return span
-
     async def _respond(self, request, body, gen: GenerationRequest, fmt, operation):
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
-        span = self._span(request, body, gen, operation)
+        telemetry = self.telemetry.start(request, body, gen, operation)
         abandoned = False  # the client went away: the engine's last word still goes to metrics
 
         def deliver(out) -> None:  # on the loop, called from the engine thread
             if not abandoned:
                 queue.put_nowait(out)
             elif getattr(out, "finished", False):
-                self._finish_metrics(gen, out)
+                telemetry.finish(out)
 
         if self._outbox is None or self._outbox.loop is not loop:
             self._outbox = Outbox(loop)
-        relay = Relay(self._outbox, deliver, self._arrival(gen), collect=not body.stream)
+        relay = Relay(self._outbox, deliver, telemetry.token, collect=not body.stream)
         try:
             self.engine.submit(gen, relay.on_output)
         except QueueFullError as exc:
-            self._end_span(span, gen, None, error=str(exc))
+            telemetry.refused(str(exc))
             raise APIError(429, f"server over capacity: {exc}", "over_capacity",
                            headers={"Retry-After": str(self.config.retry_after_seconds)})
         except (CapacityError, EngineError) as exc:
-            self._end_span(span, gen, None, error=str(exc))
+            telemetry.refused(str(exc))
             raise APIError(400, str(exc), "context_length_exceeded", "prompt") from None
         self.active += 1
         finished = None
         try:
             if body.stream:
-                finished = await self._stream(request, body, gen, fmt, queue, relay)
+                finished = await self._stream(request, body, gen, fmt, queue, relay, telemetry)
                 return finished[1]
             outputs = []
             while True:
@@ -308,7 +291,7 @@ class Server:
                 if out.finished:
                     break
             finished = (out, None)
-            self._finish_metrics(gen, out)
+            telemetry.finish(out)
             if out.error:
                 raise APIError(500 if out.finish_reason == "error" else 503, out.error,
                                "engine_error")
@@ -323,24 +306,11 @@ class Server:
                 while not queue.empty():  # a final output may already be here, unread
                     out = queue.get_nowait()
                     if getattr(out, "finished", False):
-                        self._finish_metrics(gen, out)
+                        telemetry.finish(out)
                 self.engine.cancel(gen.request_id)
-            self._end_span(span, gen, finished[0] if finished else None)
+            telemetry.end(finished[0] if finished else None)
 
-    def _arrival(self, gen):
-        """Token-gap metrics, on the engine thread, as each output with tokens leaves it."""
-        last = None
-
-        def arrival(out: RequestOutput) -> None:
-            nonlocal last
-            if out.token_ids:
-                now = time.perf_counter()
-                if last is not None:
-                    self.metrics.observe_token_gap(gen.tag, now - last)
-                last = now
-        return arrival
-
-    async def _stream(self, request, body, gen, fmt, queue, relay: Relay):
+    async def _stream(self, request, body, gen, fmt, queue, relay: Relay, telemetry):
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache",
                                            "X-Request-Id": gen.request_id})
@@ -374,7 +344,7 @@ class Server:
                 elif item.finished or item.error:
                     out = item
                     if out.finished:
-                        self._finish_metrics(gen, out)
+                        telemetry.finish(out)
                     if out.error:
                         events.append(R.sse({"error": {"message": out.error,
                                                        "type": "server_error",
@@ -396,29 +366,3 @@ class Server:
             if (started and sock is not None and queue.empty() and not transport.is_closing()
                     and transport.get_write_buffer_size() == 0):
                 relay.go_direct(sock.fileno(), encode)  # the engine thread writes the rest
-
-    def _finish_metrics(self, gen, out: RequestOutput):
-        if out.stats is None:
-            return
-        if out.stats.completion_tokens:
-            self.metrics.observe_first_token(gen.tag, out.stats.ttft)
-        self.metrics.observe_request(gen.tag, out.stats, out.finish_reason or "error")
-
-    def _end_span(self, span, gen, out: RequestOutput | None, error: str | None = None):
-        if span is None:
-            return
-        if self.round_tracer is not None:
-            self.round_tracer.unregister(gen.request_id)
-        if out is not None and out.stats is not None:
-            span.set_attribute(T.INPUT_TOKENS, out.stats.prompt_tokens)
-            span.set_attribute(T.OUTPUT_TOKENS, out.stats.completion_tokens)
-            span.set_attribute(T.FINISH_REASONS, [out.finish_reason or "error"])
-            span.set_attribute("spectest.spec.drafts", out.stats.drafts)
-            span.set_attribute("spectest.spec.draft_tokens", out.stats.draft_tokens)
-            span.set_attribute("spectest.spec.accepted_tokens", out.stats.accepted_tokens)
-        elif out is None:
-            error = error or "client disconnected"
-        if error or (out is not None and out.error):
-            span.set_status(Status(StatusCode.ERROR, error or out.error))
-        span.end()
-

@@ -3,7 +3,7 @@
 Owns: the response models (what ``server.responses`` writes, as pydantic models, so the
 published response schemas come from the same place as the request ones) and
 :func:`openapi_document`, which puts the JSON schemas of the request models
-(``server.schemas``), of these response models and of the error body (``server.errors``) into
+(``server.schemas``), of these response models and of the error body (``spectest.http_errors``) into
 ``components/schemas`` — every ``$ref`` resolved there — and lists the routes with their
 request bodies, responses and error statuses. Two facts of the running server go in on top:
 ``model`` takes only the served model id (any other gets a 404), and token ids in a
@@ -22,7 +22,7 @@ from typing import Literal
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from spectest.server.errors import ErrorResponse
+from spectest.http_errors import ErrorResponse
 from spectest.server.schemas import ChatCompletionRequest, CompletionRequest, SpeculationUpdate
 
 REF = "#/components/schemas/{model}"

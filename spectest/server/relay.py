@@ -4,12 +4,11 @@ Owns: :class:`Outbox` (engine thread → event loop, one wake-up per burst) and 
 (one request's route). Does not know: OpenAI JSON (the server hands it an ``encode``
 function), the engine's internals, or aiohttp beyond a socket's file descriptor.
 
-Why it exists (measured, ``benchmarks/handoff_cost.py``): on a machine whose event
-loop and engine thread run on different cores, *waking* the loop costs the engine far more than
-the loop's work. A no-op ``call_soon_threadsafe`` per engine round slowed a one-token-a-round
-engine by 4–5 % on this 2-vCPU VM, 50 µs of Python per round on the loop by 8 %; the same 50 µs
-run on the engine thread itself by 1–4 %, because the loop, once awake, takes the GIL from
-the engine thread and hands it back across cores. So:
+Why it exists (measured by ``benchmarks/handoff_cost.py``; figures in docs/results.md): on a
+machine whose event loop and engine thread run on different cores, *waking* the loop costs the
+engine far more than the loop's work — more than doing the same work on the engine thread —
+because the loop, once awake, takes the GIL from the engine thread and hands it back across
+cores. So:
 
 * a non-streaming request's outputs are collected on the engine thread and go to the loop
   once, when the request finishes;

@@ -10,7 +10,7 @@ spell lone surrogates (``"\\udcff"``) that Python's decoder turns into a ``str``
 metric label or span exporter can take; they are rejected here, naming the field. Fields that
 accept several JSON types (``prompt``, ``stop``, ``content``) are unions discriminated by the
 JSON type of the input, so a bad value gets the error of the member it was meant for; the
-members' tags are written ``<...>`` (``errors.param_path`` leaves them out of ``param``).
+members' tags are written ``<...>`` (``http_errors.param_path`` leaves them out of ``param``).
 
 Does not know: the engine, tokenizers or aiohttp. Anything these models reject becomes a 400
 with an OpenAI-style error body naming the offending field.

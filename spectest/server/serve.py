@@ -13,10 +13,8 @@ Does not know: request handling (``server.app``) or engine internals (``engine.a
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -29,10 +27,10 @@ from spectest.engine.api import (COMPANION_DRAFTS, DRAFTERS, build_engine, defau
                                  resolve_model_path)
 from spectest.engine.control import PolicyOptions
 from spectest.engine.drafters import NGRAM_MAX, NGRAM_MIN
-from spectest.engine.engine import FAULTS
+from spectest.engine.faults import FAULTS
 from spectest.engine.int8 import QUANTIZE_CHOICES
 from spectest.engine.policies import POLICIES, make_policy
-from spectest.loops import loop_name, run_loop
+from spectest.loops import loop_name, run_loop, until_signalled
 from spectest.remote.drafter import RemoteDrafter
 from spectest.server.app import Server, ServerConfig
 from spectest.telemetry.tracing import build_tracer_provider
@@ -108,12 +106,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def default_threads(cores: int | None = None) -> int:
     """The engine's torch threads when ``--threads`` is not given: the usable cores minus one.
 
-    Chosen by measurement on a 2-core machine (issue 13; greedy, c=1, held-out code prompts):
-    with torch's default of 2 threads, the engine's intra-op threads and the HTTP event loop
-    fight for the same two cores, and speculation ran at 0.61–0.93× of speculation off; with 1
-    thread, at 1.44–1.49×. A verify step of K+1 rows is where the spare thread would help, and
-    it is the step that loses most when the loop is starved. On bigger machines the rule keeps
-    one core for the loop, unmeasured beyond that."""
+    Chosen by measurement on a 2-core machine (``benchmarks/default_config.py``; figures in
+    docs/results.md): with torch's default of 2 threads, the engine's intra-op threads and the
+    HTTP event loop fight for the same two cores, and speculation lost most of its gain. A verify
+    step of K+1 rows is where the spare thread would help, and it is the step that loses most
+    when the loop is starved. On bigger machines the rule keeps one core for the loop,
+    unmeasured beyond that."""
     if cores is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
             os.cpu_count() or 1)
@@ -163,15 +161,6 @@ def build_server(args) -> Server:
     return Server(engine, ServerConfig(name, args.api_key, args.trace_content,
                                        args.drain_seconds, admin_key=args.admin_key),
                   CollectorRegistry(), provider)
-
-
-async def until_signalled() -> None:
-    """Return when the process gets SIGINT or SIGTERM (handlers on the running loop)."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
 
 
 async def _run(server: Server, host: str, port: int, describe: str) -> None:

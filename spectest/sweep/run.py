@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from spectest.files import write_atomic as atomic_write
 from spectest.loadgen.scrape import detect_flavour
 from spectest.report import advisor
 from spectest.report.breakpoints import past_saturation
@@ -53,12 +54,6 @@ class SweepResult:
     status: str  # finished | interrupted | failed
     steps: int
     message: str = ""
-
-
-def atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def workload_name(workload: str) -> str:

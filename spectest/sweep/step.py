@@ -14,19 +14,15 @@ folder twice a second to
   a verdict — so a slow server or a long workload still gets a step with an interval.
 
 Ctrl-C / SIGTERM of the sweep reaches here as ``KeyboardInterrupt``: Locust is stopped and
-reaped, and the interrupt is re-raised — the step does not count. The command line comes from
-``spectest.loadgen.runner`` (``locust_args``); this module exists because the sweep needs the
-live process, which ``run_locust`` keeps to itself.
+reaped, and the interrupt is re-raised — the step does not count. Locust is started and stopped
+by ``spectest.loadgen.runner.LocustProcess`` (command line, environment, log, process group), as
+``run_locust`` does; this module watches it while it runs.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,7 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from spectest.loadgen.runner import REPO_ROOT, LocustRun, locust_args, locustfile_path
+from spectest.loadgen.runner import LocustProcess, LocustRun
 from spectest.sweep import engine_metrics
 from spectest.sweep.summary import summarize
 
@@ -90,6 +86,7 @@ class StepPlan:
                          seed=self.seed, max_tokens=self.max_tokens,
                          slo_ttft_ms=self.slo_ttft_ms, slo_tpot_ms=self.slo_tpot_ms,
                          slo_e2el_ms=self.slo_e2el_ms, stop_timeout_s=self.stop_timeout_s,
+                         workers=self.processes if self.processes > 1 else 0,
                          extra_args=tuple(extra))
 
 
@@ -118,58 +115,43 @@ class StepOutcome:
 def run_step(plan: StepPlan, on_live: Callable[[Live], None] | None = None,
              rel_to: Path | None = None) -> StepOutcome:
     plan.run_dir.mkdir(parents=True, exist_ok=True)
-    run = plan.locust_run()
-    cmd = [sys.executable, "-m", "locust", "-f", locustfile_path(plan.workload)] + locust_args(run)
-    if plan.processes > 1:  # Locust forks the workers and runs the master itself
-        cmd += ["--processes", str(plan.processes)]
-    env = {**os.environ}
-    env.pop("LOCUST_SKIP_MONKEY_PATCH", None)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     metrics_url = plan.metrics_url or plan.host.rstrip("/") + "/metrics"
     limit = plan.planned_s + (plan.max_windows - plan.windows) * plan.window_s \
         + plan.stop_timeout_s + 60
-    log_path = plan.run_dir / "locust.log"
     start_reading = end_reading = None
     stopped_on_requests = timed_out = False
     extended_s = 0.0
     t0 = time.monotonic()
-    with open(log_path, "w", encoding="utf-8") as log:
-        # Own session: a terminal Ctrl-C reaches only the sweep, which stops Locust cleanly.
-        # (No preexec_fn: the progress display runs a thread. Were the sweep killed outright,
-        # Locust still ends by itself when its planned steps are over.)
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
-        try:
-            measure_start = None
-            while proc.poll() is None:
-                time.sleep(POLL_S)
-                info = _json(plan.run_dir / "run.json")
-                steps = (info or {}).get("steps") or []
-                if measure_start is None and len(steps) > plan.warmup_steps:
-                    measure_start = time.monotonic()
-                    start_reading = engine_metrics.scrape(metrics_url)
-                measured_for = 0.0 if measure_start is None else time.monotonic() - measure_start
-                live = _live(plan, time.monotonic() - t0, measure_start is not None)
-                if on_live is not None:
-                    on_live(live)
-                planned_done = measured_for >= plan.windows * plan.window_s - POLL_S
-                enough = live.requests - live.failures >= plan.min_requests
-                capped = (plan.requests_per_step and live.measuring
-                          and live.requests >= plan.requests_per_step)
-                if end_reading is None and measure_start is not None and (
-                        (planned_done and enough) or capped):
-                    end_reading = engine_metrics.scrape(metrics_url)
-                    extended_s = max(0.0, measured_for - plan.windows * plan.window_s)
-                    stopped_on_requests = bool(capped) and not planned_done
-                    if stopped_on_requests or plan.max_windows > plan.windows:
-                        proc.send_signal(signal.SIGTERM)
-                if time.monotonic() - t0 > limit and not timed_out:
-                    timed_out = True
-                    proc.send_signal(signal.SIGTERM)
-        except BaseException:
-            _stop(proc)
-            raise
-        _stop(proc)
+    # Own session: a terminal Ctrl-C reaches only the sweep, which stops Locust cleanly (SIGTERM
+    # to its master, which ends its forked workers; 20 s later, SIGKILL to the whole group).
+    locust = LocustProcess(plan.locust_run(), grace_s=20.0)
+    with locust:
+        measure_start = None
+        while locust.poll() is None:
+            time.sleep(POLL_S)
+            info = _json(plan.run_dir / "run.json")
+            steps = (info or {}).get("steps") or []
+            if measure_start is None and len(steps) > plan.warmup_steps:
+                measure_start = time.monotonic()
+                start_reading = engine_metrics.scrape(metrics_url)
+            measured_for = 0.0 if measure_start is None else time.monotonic() - measure_start
+            live = _live(plan, time.monotonic() - t0, measure_start is not None)
+            if on_live is not None:
+                on_live(live)
+            planned_done = measured_for >= plan.windows * plan.window_s - POLL_S
+            enough = live.requests - live.failures >= plan.min_requests
+            capped = (plan.requests_per_step and live.measuring
+                      and live.requests >= plan.requests_per_step)
+            if end_reading is None and measure_start is not None and (
+                    (planned_done and enough) or capped):
+                end_reading = engine_metrics.scrape(metrics_url)
+                extended_s = max(0.0, measured_for - plan.windows * plan.window_s)
+                stopped_on_requests = bool(capped) and not planned_done
+                if stopped_on_requests or plan.max_windows > plan.windows:
+                    locust.terminate()
+            if time.monotonic() - t0 > limit and not timed_out:
+                timed_out = True
+                locust.terminate()
     if end_reading is None and start_reading is not None:  # Locust ended by itself (at the cap)
         end_reading = engine_metrics.scrape(metrics_url)
         extended_s = (plan.max_windows - plan.windows) * plan.window_s
@@ -178,23 +160,9 @@ def run_step(plan: StepPlan, on_live: Callable[[Live], None] | None = None,
     row = summarize(plan.run_dir, workload=plan.workload, arm=plan.arm,
                     concurrency=plan.concurrency, warmup_steps=plan.warmup_steps,
                     engine=engine, rel_to=rel_to)
-    tail = log_path.read_text(encoding="utf-8", errors="replace")[-2000:]
-    return StepOutcome(row, proc.returncode, timed_out, stopped_on_requests, tail, extended_s)
-
-
-def _stop(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
-    """Locust writes its files on SIGTERM; give it ``grace_s``, then kill."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    try:  # forked workers (--processes) share the step's session: none outlives it
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    tail = locust.log_path.read_text(encoding="utf-8", errors="replace")[-2000:]
+    return StepOutcome(row, locust.returncode, timed_out, stopped_on_requests, tail,
+                       extended_s)
 
 
 def _json(path: Path) -> dict | None:

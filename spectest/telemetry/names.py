@@ -5,7 +5,7 @@ prometheus_client so that the Locust side (``spectest.loadgen``), the dashboard 
 alert-rule checker can read it without pulling in the server.  ``telemetry.metrics`` turns the
 table into real collectors on an injected registry.
 
-Names follow vLLM's v1 metrics with the ``spectest:`` prefix (see shared/REFERENCE.md), so a
+Names follow vLLM's v1 metrics with the ``spectest:`` prefix (docs/metrics.md), so a
 dashboard or a scraper written for one works for the other by swapping the prefix.  Counters
 are declared without the ``_total`` suffix; Prometheus exposition appends it.
 """

@@ -34,7 +34,7 @@ from opentelemetry.sdk.util import ns_to_iso_str
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Span, SpanContext, SpanKind
 
-# GenAI semantic-convention attribute names (shared/REFERENCE.md).
+# OpenTelemetry's GenAI semantic-convention attribute names (docs/metrics.md lists them).
 OPERATION = "gen_ai.operation.name"
 REQUEST_MODEL = "gen_ai.request.model"
 TEMPERATURE = "gen_ai.request.temperature"
@@ -184,8 +184,8 @@ class RoundTracer:
     phases as attributes; a request's consecutive rounds *without* drafts (speculation off for
     it, K = 0 from the policy, the last token) become one ``spec.decode`` span covering them,
     with their count (``spec.rounds``) and summed attributes — a span per plain decode step
-    would be a span per token, which is what made tracing cost 7–14 % of a speculation-off
-    server's throughput (issue 13: telemetry ≤ 2 %).
+    would be a span per token, which made tracing cost a large share of a speculation-off
+    server's throughput (docs/results.md).
 
     The server registers each request's span (``register``) before submitting it and retires
     it (``unregister``) when the request ends; rows whose request has no span are skipped.

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,7 +95,7 @@ class VllmServerSpec:
     ngram_min: int = 2  # prompt_lookup_min
     ngram_max: int = 4  # prompt_lookup_max
     dtype: str = "float32"
-    max_model_len: int = 2048
+    max_model_len: int = 4096  # the embedded pair's context: every bundled RAG prompt fits
     max_num_seqs: int = 4
     per_request_stats: str = "summary"  # --per-request-spec-decode-metrics (speculative only)
     logprobs_mode: str = ""  # --logprobs-mode ("" = vLLM's default, raw_logprobs)
@@ -171,22 +172,31 @@ class VllmServer:
         self.log_path = Path(log_path)
         self.start_timeout_s = start_timeout_s
         self.child: procs.Child | None = None
-        self.run_dir = self.log_path.with_name(self.log_path.name + ".run")
+        self.run_dir: Path | None = None  # short: ZMQ socket paths must fit in 107 bytes
 
-    def __enter__(self) -> str:
+    def start(self) -> VllmServer:
+        """Spawn the server without waiting for it (start several, then :meth:`wait` each:
+        their start-ups overlap)."""
         python = require_vllm_python()
         port = procs.free_port()
-        shutil.rmtree(self.run_dir, ignore_errors=True)
-        self.run_dir.mkdir(parents=True)
+        self.run_dir = Path(tempfile.mkdtemp(prefix="spectest-vllm-"))
         self.child = launch(f"vLLM ({self.spec.served_name}, {self.spec.method})",
                             self.spec.argv(python, port), port, self.log_path,
                             env=self.spec.env(self.run_dir), cpu=self.spec.cpu,
                             start_timeout_s=self.start_timeout_s)
+        self.child.start()
+        return self
+
+    def wait(self) -> str:
+        """Block until ``/health`` answers; returns the URL (stops it and raises on failure)."""
         try:
-            return self.child.__enter__().url
+            return self.child.wait_ready()
         except BaseException:
-            shutil.rmtree(self.run_dir, ignore_errors=True)
+            self.stop()
             raise
+
+    def __enter__(self) -> str:
+        return self.start().wait()
 
     @property
     def url(self) -> str:
@@ -202,7 +212,8 @@ class VllmServer:
     def stop(self) -> None:
         if self.child is not None:
             self.child.stop()
-        shutil.rmtree(self.run_dir, ignore_errors=True)
+        if self.run_dir is not None:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def __exit__(self, *exc) -> None:
         self.stop()

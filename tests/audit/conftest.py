@@ -22,6 +22,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from spectest.audit.servers import ServerProcess, ServerSpec, fault_args
+from spectest.procs import python_env
 
 
 def models_dir() -> Path:
@@ -69,7 +70,7 @@ def run_audit(out: Path, *args: str, timeout: float = 240) -> AuditOutcome:
     argv = [sys.executable, "-m", "spectest.audit", *args, "--out", str(out)]
     if "--progress" not in args:
         argv.append("--no-progress")
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = python_env()
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
                           env=env, check=False)
     return AuditOutcome(proc.returncode, proc.stdout, proc.stderr, out)

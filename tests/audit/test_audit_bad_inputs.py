@@ -9,7 +9,8 @@ import xml.etree.ElementTree as ET
 import pytest
 from conftest import run_audit, server
 
-from spectest.loadgen.runner import StubProcess, free_port
+from spectest.loadgen.runner import StubProcess
+from spectest.procs import free_port
 from tests.proxies import RewritingProxy
 
 
@@ -27,7 +28,8 @@ def _assert_files_say_could_not_run(outcome) -> None:
     report = outcome.report
     assert report["verdict"] == "could not run" and report["exit_code"] == 2
     suite = ET.parse(outcome.out / "junit.xml").getroot().find("testsuite")
-    assert int(suite.get("errors")) == 3 and int(suite.get("failures")) == 0
+    # serving and the three checks: none ran
+    assert int(suite.get("errors")) == 4 and int(suite.get("failures")) == 0
 
 
 def test_unreachable_server(tmp_path):
@@ -129,4 +131,4 @@ def test_config_file_sets_thresholds_and_the_command_line_wins(correct_url, tmp_
     settings = outcome.report["settings"]
     assert settings["checks"] == ["greedy"] and settings["num_prompts"] == 3
     assert settings["max_kl"] == 0.5 and settings["seed"] == 8
-    assert list(outcome.report["checks"]) == ["greedy"]
+    assert list(outcome.report["checks"]) == ["serving", "greedy"]

@@ -19,6 +19,8 @@ from urllib.parse import urlparse
 import pytest
 from conftest import ROOT, run_audit, server, small
 
+from spectest.procs import python_env
+
 
 def _junit(outcome) -> dict[str, str]:
     """JUnit test case name → "pass" | "failure" | "error"."""
@@ -43,7 +45,8 @@ def _assert_correct(outcome) -> None:
     dist = report["checks"]["distribution"]
     assert dist["status"] == "pass" and dist["violations"] == 0 and dist["tested_tokens"] > 300
     assert report["candidate_speculation"]["sampled"]["drafts"] > 0  # it really speculated
-    assert _junit(outcome) == {"greedy": "pass", "logprobs": "pass", "distribution": "pass"}
+    assert _junit(outcome) == {"serving": "pass", "greedy": "pass", "logprobs": "pass",
+                               "distribution": "pass"}
     assert "PASS" in (outcome.out / "summary.md").read_text()
 
 
@@ -134,7 +137,7 @@ def test_a_cancelled_audit_keeps_the_checks_that_finished(correct_url, tmp_path)
     argv = [sys.executable, "-m", "spectest.audit", "--candidate", correct_url, "--baseline",
             correct_url, "--out", str(tmp_path), "--progress", *small(prompts=8, samples=16)]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
-                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                            env=python_env())
     seen, deadline = b"", time.monotonic() + 120
     while b"sampling" not in seen and time.monotonic() < deadline:
         chunk = os.read(proc.stderr.fileno(), 4096)  # the progress bar says where it is

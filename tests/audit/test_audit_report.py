@@ -55,7 +55,8 @@ def test_pass_is_exit_0_with_clean_files(tmp_path):
     assert report["exit_code"] == 0 and report["verdict"] == "pass"
     assert json.loads(paths["json"].read_text())["checks"]["greedy"]["status"] == "pass"
     suite = ET.parse(paths["junit"]).getroot().find("testsuite")
-    assert suite.get("tests") == "2" and suite.get("failures") == "0"
+    assert suite.get("tests") == "3" and suite.get("failures") == "0"  # serving, greedy, logprobs
+    assert report["checks"]["serving"]["status"] == "pass"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["junit.xml", "report.json",
                                                           "summary.md"]  # no temp files left
 
@@ -82,7 +83,7 @@ def test_could_not_run_is_exit_2_with_errors_in_junit(tmp_path):
     report, paths = _write(run, tmp_path)
     assert report["exit_code"] == 2 and report["verdict"] == "could not run"
     suite = ET.parse(paths["junit"]).getroot().find("testsuite")
-    assert suite.get("errors") == "2" and suite.get("failures") == "0"
+    assert suite.get("errors") == "3" and suite.get("failures") == "0"
     assert "is it running?" in paths["summary"].read_text()
 
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dashboards.flavours import (DASHBOARD_LABELS, FLAVOURS, LLAMACPP, SPECTEST, VLLM,
-                                 MissingMetric, for_server)
+from dashboards.flavours import FLAVOURS, LLAMACPP, SPECTEST, VLLM, MissingMetric, for_server
 from dashboards.panels import PanelSpec, Query, failed_share, rate, row, slo_share
 from spectest import flavours
 from dashboards.promql import (metric_names, parse_label_values, substitute, variables_in)
@@ -53,14 +52,17 @@ def test_flavours_are_the_rows_of_the_one_table():
             if f.has(spec):
                 assert f.metric(spec, "_count" if spec.kind == "histogram" else "") \
                     .startswith(f.server.samples[spec.name])
-    assert {f.key for f in FLAVOURS} == set(DASHBOARD_LABELS) == {"spectest", "vllm", "llamacpp"}
+    assert {f.key for f in FLAVOURS} == {"spectest", "vllm", "llamacpp"}
+    assert (SPECTEST.variables, SPECTEST.series_by) == (("model_name", "drafter", "workload"),
+                                                        ("model_name", "drafter"))
+    assert (LLAMACPP.variables, LLAMACPP.series_by) == (("job", "instance"), ("job", "instance"))
 
 
-def test_a_new_row_needs_only_its_variables(monkeypatch):
-    """A server added to spectest.flavours gets dashboards from one DASHBOARD_LABELS entry."""
+def test_a_new_row_needs_only_its_deployment_labels():
+    """A server added to spectest.flavours gets dashboards from its row alone."""
     row_ = flavours.Flavour(key="newsrv", display="New", prefix="new:",
-                            samples={names.GENERATION_TOKENS.name: "new:gen_total"})
-    monkeypatch.setitem(DASHBOARD_LABELS, "newsrv", (("instance",), ("instance",)))
+                            samples={names.GENERATION_TOKENS.name: "new:gen_total"},
+                            deployment_labels=("instance",))
     f = for_server(row_)
     assert rate(f, names.GENERATION_TOKENS) == (
         'sum by (instance) (rate(new:gen_total{instance=~"$instance"}[$__rate_interval]))')

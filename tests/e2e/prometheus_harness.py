@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -28,6 +27,8 @@ from typing import Iterator, Mapping, Sequence
 
 import pytest
 import yaml
+
+from spectest.procs import free_port
 
 
 class PromQLError(Exception):
@@ -47,12 +48,6 @@ def prometheus_binary(name: str = "prometheus") -> str:
             pytest.fail(msg)
         pytest.skip(msg)
     return path
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _config(targets: Mapping[str, str], rule_files: Sequence[Path], interval: str) -> dict:

@@ -16,6 +16,7 @@ import asyncio
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import requests
@@ -24,6 +25,7 @@ from conftest import ROOT, draft_spec
 
 from spectest.audit import scoring
 from spectest.audit.client import Client, Endpoint, Routes
+from spectest.audit.samples import PromptCase
 from spectest.flavours import LLAMACPP
 from spectest.thirdparty.llama_server import LlamaServer
 from tests.proxies import RewritingProxy
@@ -129,6 +131,11 @@ PARTIAL_UTF8_PREFIX = [
 
 
 def test_scoring_survives_a_token_that_ends_inside_a_character(llama_pair):
+    """After this prefix SmolLM2's greedy token is one byte of a multi-byte character.
+    llama.cpp reports one logprobs entry for the whole character, with the figures of the
+    token that completed it — not of the first position — so nothing it reports can be tied
+    to that position: the auditor leaves it out (counted) instead of misreading it, and
+    scoring a continuation through it goes on past it."""
     _, base_url = llama_pair
     body = {"model": "smollm2", "prompt": PARTIAL_UTF8_PREFIX, "max_tokens": 1,
             "temperature": 0, "logprobs": 20, "ignore_eos": True}
@@ -136,6 +143,7 @@ def test_scoring_survives_a_token_that_ends_inside_a_character(llama_pair):
     if plain["choices"][0]["logprobs"]:
         pytest.skip("on this build the greedy token after the prefix is whole UTF-8; the "
                     "case under test does not arise")
+    case = PromptCase("utf8", "rag", tuple(PARTIAL_UTF8_PREFIX))
 
     async def generate():
         async with Client(Endpoint("baseline", base_url, "smollm2")) as client:
@@ -143,18 +151,15 @@ def test_scoring_survives_a_token_that_ends_inside_a_character(llama_pair):
             one = await scoring._generate(client, PARTIAL_UTF8_PREFIX, 1, 20)
             run = await client.complete(PARTIAL_UTF8_PREFIX, max_tokens=8, temperature=0,
                                         logprobs=20)
-            # each kept position is the server's greedy choice after the tokens before it
-            after = [await scoring._generate(client, PARTIAL_UTF8_PREFIX + list(run.tokens[:i]),
-                                             1, 20) for i in range(len(run.tokens))]
-        return one, run, after
+            # any continuation: the scoring walks past the positions it cannot read
+            scored = await scoring.score(client, case, (216, 28, 4097, 42), 20, chunk=4)
+        return one, run, scored
 
-    (comp, n_prompt), run, after = asyncio.run(generate())
+    (comp, n_prompt), run, scored = asyncio.run(generate())
     assert n_prompt == len(PARTIAL_UTF8_PREFIX)
-    assert comp.positions and comp.positions[0].reported and comp.positions[0].top
-    # the 8 tokens hold a character spread over several tokens: llama.cpp's entries stop
-    # lining up with the tokens after it, and the auditor keeps only the aligned ones
+    assert not comp.positions and comp.left_out >= 1
     assert run.left_out > 0 and len(run.tokens) + run.left_out == 8
-    assert [c.tokens[0] for c, _ in after] == list(run.tokens)
+    assert len(scored) == len(PARTIAL_UTF8_PREFIX) + 4
 
 
 def test_requests_in_flight_are_capped_at_the_servers_slots(llama_pair):
@@ -193,3 +198,76 @@ def test_a_truncated_prompt_ends_where_a_character_ends(llama_pair):
     whole, ids = asyncio.run(cut())
     assert "\ufffd" in local.decode(whole[:192][-3:])  # the naive cut: inside a character
     assert 150 <= len(ids) <= 192 and "\ufffd" not in local.decode(list(ids))
+
+
+def test_one_forced_request_scores_a_continuation_as_one_request_per_prefix_does(llama_pair):
+    """llama.cpp has no echo. The baseline scores a sampled continuation by generating it
+    greedily under a grammar that allows only its text: one request reports the distribution
+    at every position (read before the samplers), the same figures as asking after each
+    prefix, in a fraction of the requests."""
+    spec_url, base_url = llama_pair
+    from spectest.audit.prompts import load_records, tokenize
+
+    async def both():
+        async with Client(Endpoint("candidate", spec_url, "smollm2"), 2) as cand, \
+                Client(Endpoint("baseline", base_url, "smollm2"), 2) as base:
+            for c in (cand, base):
+                listed = await c.models()
+                await c.resolve_model(listed)
+                await scoring.probe(c, listed)
+            cases = await tokenize(load_records("mixed", 4, 3), base, 192)
+            out = []
+            for i, case in enumerate(cases):
+                comp = await cand.complete(scoring.prompt_for(cand, case), max_tokens=24,
+                                           temperature=0.5, top_p=0.95, top_k=20, seed=i,
+                                           logprobs=20)
+                before = base.requests
+                forced = await scoring.score(base, case, comp.tokens, 20, chunk=4,
+                                             pieces=comp.pieces)
+                forced_requests = base.requests - before
+                base.routes = replace(base.routes, flavour=replace(LLAMACPP,
+                                                                   forced_text_field=""))
+                before = base.requests
+                stepwise = await scoring.score(base, case, comp.tokens, 20, chunk=4,
+                                               pieces=comp.pieces)
+                out.append((forced, stepwise, forced_requests, base.requests - before))
+                base.routes = replace(base.routes, flavour=LLAMACPP)
+            return out
+
+    results = asyncio.run(both())
+    gaps = []
+    for forced, stepwise, _, _ in results:
+        for a, b in zip(forced, stepwise):
+            assert (a is None) == (b is None)
+            if a is not None:  # the same position; llama.cpp's readings of a prefix move by
+                assert a.token == b.token  # tenths of a nat with its cache state, no more
+                if a.logprob > float("-inf") and b.logprob > float("-inf"):
+                    gaps.append(abs(a.logprob - b.logprob))
+    assert len(gaps) >= 60 and max(gaps) < 0.5 and sum(gaps) / len(gaps) < 0.05
+    assert sum(r[2] for r in results) * 2 <= sum(r[3] for r in results)
+
+
+def test_the_noise_floor_reads_prefixes_in_verification_shaped_batches(llama_pair):
+    """Where speculation puts a position — the last of a few tokens verified in one batch on a
+    cached prefix — the baseline reads it too (``noise.verify_shaped``), one cache slot per
+    request pair, and the floor counts those readings."""
+    from spectest.audit import noise
+    from spectest.audit.prompts import load_records, tokenize
+    _, base_url = llama_pair
+
+    async def shaped():
+        async with Client(Endpoint("baseline", base_url, "smollm2"), 2) as base:
+            listed = await base.models()
+            await base.resolve_model(listed)
+            await scoring.probe(base, listed)
+            await base.fit_to_server()
+            cases = await tokenize(load_records("mixed", 6, 2), base, 192)
+            runs = await asyncio.gather(*(base.complete(c.ids, max_tokens=32, temperature=0,
+                                                        logprobs=20, fresh=True)
+                                          for c in cases))
+            return await noise.measure(base, cases, runs, 20, 0.01)
+
+    floor = asyncio.run(shaped())
+    assert floor.shaped_positions >= 6 and floor.positions > floor.shaped_positions
+    assert floor.shaped_max_kl < 0.1  # numeric noise, not a misread position
+    assert "verification-shaped" in floor.summary()

@@ -11,7 +11,6 @@ after the run, and equals the sum of the per-response ``spec`` objects.
 """
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -30,7 +29,8 @@ if str(ROOT) not in sys.path:
 from spectest.engine.api import model_context_length  # noqa: E402
 from spectest.engine.loader import load_hf_tokenizer  # noqa: E402
 from spectest.loadgen.datasets import load_dataset  # noqa: E402
-from spectest.loadgen.runner import LocustRun, free_port, run_locust  # noqa: E402
+from spectest.loadgen.runner import LocustRun, run_locust  # noqa: E402
+from spectest.procs import free_port, python_env  # noqa: E402
 from spectest.loadgen.scrape import ALL, SpecCounters, parse_metrics  # noqa: E402
 
 START_TIMEOUT_S = 180
@@ -39,7 +39,7 @@ START_TIMEOUT_S = 180
 @pytest.fixture(scope="module")
 def server():
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = python_env()
     proc = subprocess.Popen([sys.executable, "-m", "spectest", "serve", "--host", "127.0.0.1",
                              "--port", str(port)], cwd=ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

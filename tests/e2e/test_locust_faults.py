@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from spectest.loadgen.runner import LocustRun, StubProcess, free_port, run_locust  # noqa: E402
+from spectest.loadgen.runner import LocustRun, StubProcess, run_locust  # noqa: E402
+from spectest.procs import free_port  # noqa: E402
 
 
 def test_server_down_at_start_is_one_clear_line_and_a_nonzero_exit(tmp_path):

@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from spectest.loadgen.runner import LocustRun, StubProcess, free_port, run_locust  # noqa: E402
+from spectest.loadgen.runner import LocustRun, StubProcess, locust_env, run_locust  # noqa: E402
+from spectest.procs import free_port  # noqa: E402
 from spectest.loadgen.scrape import ALL, parse_metrics  # noqa: E402
 
 STUB = ("--ttft-ms", "5", "--itl-ms", "2", "--spec-k", "3", "--accept-prob", "0.7")
@@ -117,8 +118,7 @@ def test_open_loop_poisson_steps_offer_the_asked_rate(tmp_path):
 def test_web_ui_shows_live_acceptance(tmp_path):
     port = free_port()
     with StubProcess(*STUB) as url:
-        env = {k: v for k, v in __import__("os").environ.items() if k != "LOCUST_SKIP_MONKEY_PATCH"}
-        env["PYTHONPATH"] = str(ROOT)
+        env = locust_env()
         proc = subprocess.Popen(
             [sys.executable, "-m", "locust", "-f", str(ROOT / "workloads" / "rag.py"),
              "--host", url, "--web-host", "127.0.0.1", "--web-port", str(port), "--autostart",

@@ -140,3 +140,53 @@ def test_request_row_keeps_every_chunk_gap_in_ms():
     assert r["e2el_ms"] == 35.0 and r["slo_ok"] is True and r["speculative"] == "on"
     failed = row(result(5.0, ok=False))
     assert failed["slo_ok"] is False and failed["error"] == "HTTP 503: busy"
+
+
+def vllm_snap(t, drafts, draft_tokens, accepted):
+    """vLLM's counters: no workload label, so only the "all" entry."""
+    return Snapshot(t, "vllm", {"all": SpecCounters(drafts, draft_tokens, accepted, ())})
+
+
+def test_workload_rows_take_acceptance_from_the_responses_where_counters_cannot_say(sink,
+                                                                                    tmp_path):
+    """vLLM's counters have no workload label: each workload's row sums its responses'
+    per-request stats (``metrics.speculative_decoding``, normalised into ``spec``), the all
+    row keeps the counter deltas, and the two agree when every request finished in the step."""
+    sink.begin_step(2, None, vllm_snap(100.0, 0, 0, 0), at=100.0)
+    sink.add([row(result(100.5, spec={"drafts": 4, "draft_tokens": 16, "accepted_tokens": 8})),
+              row(result(101.0, workload="code",
+                         spec={"drafts": 6, "draft_tokens": 24, "accepted_tokens": 18}))])
+    sink.finish(vllm_snap(110.0, 10, 40, 26))
+    df = pd.read_csv(tmp_path / "out" / "steps.csv").set_index("workload")
+    assert df.loc["chat", "acceptance_source"] == "responses"
+    assert df.loc["chat", "acceptance_rate"] == pytest.approx(8 / 16)
+    assert df.loc["code", "mean_accepted_length"] == pytest.approx(1 + 18 / 6)
+    assert df.loc["all", "acceptance_source"] == "vllm"
+    assert df.loc[["chat", "code"], "accepted_tokens"].sum() == df.loc["all", "accepted_tokens"]
+    assert df.acceptance_note.isna().all()
+
+
+def test_a_workload_row_without_acceptance_says_why(sink, tmp_path):
+    """A vLLM started without per-request stats: the workload rows say what to do instead of
+    an unexplained '-'; llama.cpp's timings give a rate but no rounds."""
+    from spectest.loadgen.results import summary_line
+    sink.begin_step(1, None, vllm_snap(100.0, 0, 0, 0), at=100.0)
+    sink.add([row(result(100.5))])
+    sink.finish(vllm_snap(110.0, 5, 20, 10))
+    rows = {r["workload"]: r for r in sink.rows()}
+    assert rows["all"]["acceptance_rate"] == pytest.approx(0.5)
+    assert rows["chat"]["acceptance_rate"] is None
+    assert "--per-request-spec-decode-metrics summary" in rows["chat"]["acceptance_note"]
+    assert "--per-request-spec-decode-metrics" in summary_line(rows["chat"])
+
+    other = ResultsSink(tmp_path / "llama", speculative="on", run_info={})
+    llama = Snapshot(100.0, "llamacpp", {"all": SpecCounters(0, 0, 0, ())})
+    other.begin_step(1, None, llama, at=100.0)
+    other.add([row(result(100.5, spec={"drafts": None, "draft_tokens": 10,
+                                       "accepted_tokens": 7}))])
+    other.finish(Snapshot(110.0, "llamacpp", {"all": SpecCounters(3, 10, 7, ())}))
+    rows = {r["workload"]: r for r in other.rows()}
+    assert rows["chat"]["acceptance_rate"] == pytest.approx(0.7)
+    assert rows["chat"]["mean_accepted_length"] is None
+    assert "no draft rounds per request" in rows["chat"]["acceptance_note"]
+    assert "(from responses)" in summary_line(rows["chat"])

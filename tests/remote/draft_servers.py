@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 from pathlib import Path
 
 from spectest.engine.api import MODELS_DIR, Engine, make_drafter
 from spectest.engine.engine import EngineConfig, SpecEngine
 from spectest.engine.policies import make_policy
 from spectest.engine.scheduler import SchedulerConfig
+from spectest.procs import free_port  # noqa: F401 (the tests' import)
 from spectest.remote.drafter import RemoteDrafter
 from spectest.sweep.embedded import EmbeddedServer
 
@@ -31,12 +31,6 @@ def draft_server(log: Path, draft: Path | None = None, port: int = 0) -> Embedde
     if port:  # a fixed port, so a restarted draft server is found at the same URL
         server.serve_args += ["--port", str(port)]
     return server
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def engine(pair, kind: str, url: str = "", observers=(), **remote_kw) -> Engine:

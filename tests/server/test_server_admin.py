@@ -22,7 +22,7 @@ import requests
 
 from live_server import MODEL, LiveServer, make_server, metric_sum, scrape
 from spectest.server.admin import check_access, is_loopback
-from spectest.server.errors import APIError
+from spectest.http_errors import APIError
 from spectest.telemetry import names as N
 
 PATH = "/admin/speculation"

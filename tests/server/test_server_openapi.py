@@ -17,7 +17,7 @@ import schemathesis
 from pydantic.json_schema import models_json_schema
 
 from live_server import MODEL, LiveServer, make_server
-from spectest.server.errors import ErrorResponse
+from spectest.http_errors import ErrorResponse
 from spectest.server.openapi import REF, openapi_document
 from spectest.server.schemas import ChatCompletionRequest, CompletionRequest, SpeculationUpdate
 

@@ -1,5 +1,8 @@
 """OpenAI-style error responses, and the middleware that guarantees every error has one.
 
+Shared by spectest's two HTTP servers — the OpenAI-compatible one (``spectest.server``) and the
+draft server (``spectest.remote.service``) — and so below both.
+
 Owns: :class:`APIError` (status + OpenAI ``type``/``code``/``param``), the error body's model
 (:class:`ErrorResponse`, for ``/openapi.json``), pydantic errors as 400s whose ``param`` is a
 path like ``messages[0].content`` (:func:`validation_error`), ``error_response``, and
@@ -7,7 +10,7 @@ path like ``messages[0].content`` (:func:`validation_error`), ``error_response``
 too large) and any exception a handler lets escape into the same JSON shape, so a client
 never sees an HTML page or a dropped connection.
 
-Does not know: the engine or metrics (the app passes a callback to count errors).
+Does not know: the engine, the routes or metrics (a server passes a callback to count errors).
 """
 
 from __future__ import annotations
