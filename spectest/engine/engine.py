@@ -267,6 +267,7 @@ class SpecEngine:
                     per_pos += [0] * (k_i - len(per_pos))
                 for pos in range(a):
                     per_pos[pos] += 1
+                seq.steps.append((k_i, a))
             new = draft_ids[i][:a] + [bonus_tok[i]]
             lps = None
             if seq.request.logprobs is not None:
@@ -395,4 +396,4 @@ class SpecEngine:
             decode_time=(seq.last_token_at or first) - first, e2e=now - seq.arrival,
             drafts=seq.drafts, draft_tokens=seq.draft_tokens,
             accepted_tokens=seq.accepted_tokens, accepted_per_pos=tuple(seq.accepted_per_pos),
-            speculative=seq.request.speculative)
+            speculative=seq.request.speculative, steps=tuple(seq.steps))

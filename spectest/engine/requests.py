@@ -60,6 +60,7 @@ class RequestStats:
     accepted_tokens: int
     accepted_per_pos: tuple[int, ...]
     speculative: bool
+    steps: tuple[tuple[int, int], ...] = ()  # (drafted, accepted) of each round that drafted
 
     @property
     def mean_accepted_length(self) -> float | None:

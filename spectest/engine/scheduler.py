@@ -56,6 +56,7 @@ class Sequence:
     draft_tokens: int = 0
     accepted_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
+    steps: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) a round
     text: str = ""
     decoder: object = None
     generator: torch.Generator | None = None

@@ -27,7 +27,8 @@ One run writes one folder (``--results-dir``; a new test start truncates it):
     request_rate           target Poisson arrivals/s (open loop), empty when closed loop
     speculative            on | off | default (what the client asked for)
     started_at             unix seconds when the step began
-    duration_s             step length (to its end, or to now while it runs)
+    duration_s             step length (to its end, or to now while it runs); the last step
+                           ends at the last token received, not at the final scrape
     requests               requests sent in the step that finished (ok + failed)
     failures               of those, failed
     reconnects             requests resent because the server closed a kept-alive connection
@@ -217,6 +218,7 @@ class ResultsSink:
         self.steps: list[Step] = []
         self._starts: list[float] = []
         self.latest: Snapshot | None = None
+        self.last_byte = 0.0  # unix time the last token of any request arrived
         self.max_positions = 0
         self._dirty = True
         self._cache: dict[int, list[dict]] = {}  # rows of steps that have not changed since
@@ -251,6 +253,8 @@ class ResultsSink:
             self.begin_step(0, None, None)
         lines = []
         for row in rows:
+            self.last_byte = max(self.last_byte,
+                                 row["started_at"] + (row.get("e2el_ms") or 0.0) / 1e3)
             i = max(0, bisect.bisect_right(self._starts, row["started_at"]) - 1)
             step = self.steps[i]
             row = {"step": step.index, **row}
@@ -277,7 +281,13 @@ class ResultsSink:
     def finish(self, snapshot: Snapshot | None, status: str = "finished") -> None:
         self.record_snapshot(snapshot, "final")
         if self.steps and self.steps[-1].ended_at is None:
-            self._close(self.steps[-1], time.time(), snapshot)
+            # the last step ends with its last byte, not with the final /metrics scrape, which
+            # a busy server can take seconds to answer after the load has stopped: every rate
+            # of the step is per second requests were in flight
+            end = time.time()
+            if self.steps[-1].started_at < self.last_byte < end:
+                end = self.last_byte
+            self._close(self.steps[-1], end, snapshot)
         self.run_info.update(status=status, ended_at=time.time())
         self.flush(force=True)
         self._requests.close()

@@ -63,6 +63,7 @@ class StubConfig:
     refuse_field: str = ""
     no_usage: bool = False
     drop_after_chunks: int = 0
+    metrics_delay_s: float = 0.0  # a busy server: /metrics answers this late
     # Capacity benchmarks: every event of a response in one write, metrics added once per
     # response — the least a server can cost per request, so the client is what saturates.
     burst: bool = False
@@ -235,6 +236,8 @@ class StubServer:
             {"id": self.cfg.model, "object": "model", "owned_by": "spectest-stub"}]})
 
     async def metrics_text(self, request: web.Request) -> web.Response:
+        if self.cfg.metrics_delay_s:
+            await asyncio.sleep(self.cfg.metrics_delay_s)
         return web.Response(body=generate_latest(self.registry),
                             headers={"Content-Type": "text/plain; version=0.0.4"})
 
@@ -442,6 +445,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-usage", action="store_true", help="fault: never send usage")
     ap.add_argument("--drop-after-chunks", type=int, default=0,
                     help="fault: close the connection after N token chunks")
+    ap.add_argument("--metrics-delay-ms", type=float, default=0.0,
+                    help="fault: answer /metrics this late (a busy server)")
     ap.add_argument("--burst", action="store_true",
                     help="write each response's events in one write (capacity benchmarks)")
     a = ap.parse_args(argv)
@@ -453,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
                      speculative_default=not a.no_speculative_default, model=a.model,
                      metrics=a.metrics, seed=a.seed, refuse_field=a.refuse_field,
                      no_usage=a.no_usage, drop_after_chunks=a.drop_after_chunks,
-                     burst=a.burst)
+                     metrics_delay_s=a.metrics_delay_ms / 1e3, burst=a.burst)
     try:
         run_loop(_serve_forever(StubServer(cfg), a.host, a.port))
     except KeyboardInterrupt:

@@ -62,6 +62,7 @@ class ServerConfig:
     drain_seconds: float = 10.0
     retry_after_seconds: int = 1
     admin_key: str | None = None  # None: /admin/* answers loopback peers only
+    spec_metrics: str = "summary"  # vLLM-shaped per-request speculation: none|summary|detailed
 
 
 class Server:
@@ -184,7 +185,8 @@ class Server:
         want_lp = body.logprobs is not None
         gen = self._request(request, body, ids, body.max_tokens, logprobs=body.logprobs,
                             prompt_logprobs=body.echo and want_lp)
-        fmt = R.CompletionFormat(tok, self.config.model_name, body, ids, self.engine.drafter.name)
+        fmt = R.CompletionFormat(tok, self.config.model_name, body, ids, self.engine.drafter.name,
+                                 self._spec_metrics)
         return await self._respond(request, body, gen, fmt, "text_completion")
 
     async def chat_completions(self, request):
@@ -198,10 +200,16 @@ class Server:
         max_tokens = body.wanted_tokens(0) or None
         gen = self._request(request, body, ids, max_tokens,
                             logprobs=(body.top_logprobs or 0) if body.logprobs else None)
-        fmt = R.ChatFormat(tok, self.config.model_name, body, self.engine.drafter.name)
+        fmt = R.ChatFormat(tok, self.config.model_name, body, self.engine.drafter.name,
+                           self._spec_metrics)
         return await self._respond(request, body, gen, fmt, "chat")
 
     # --- helpers -----------------------------------------------------------------------------
+    @property
+    def _spec_metrics(self) -> str:
+        """vLLM reports per-request speculation only where it speculates: so does spectest."""
+        return "none" if self.engine.drafter.name == "none" else self.config.spec_metrics
+
     def _auth(self, request):
         key = self.config.api_key
         if key and not hmac.compare_digest(  # constant time: no key guessing by timing

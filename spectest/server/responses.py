@@ -3,7 +3,8 @@
 Owns: turning the engine's :class:`RequestOutput` deltas into OpenAI JSON — non-streaming
 bodies, streaming chunks (one chunk per engine round, so a chunk may carry several tokens under
 speculation), ``logprobs`` in both APIs' shapes (with ``echo`` prompt scoring for completions),
-``usage`` and spectest's per-response ``spec`` object.
+``usage``, spectest's per-response ``spec`` object and the same speculation in vLLM's
+per-request shape (``metrics.speculative_decoding``).
 
 Does not know: HTTP or the engine's internals.
 """
@@ -40,6 +41,36 @@ def spec_object(stats: RequestStats | None, drafter: str) -> dict | None:
             "speculative": stats.speculative, "drafter": drafter}
 
 
+SPEC_METRICS = ("none", "summary", "detailed")  # --per-request-spec-decode-metrics
+
+
+def spec_decode_metrics(stats: RequestStats | None, level: str) -> dict | None:
+    """The request's speculation in vLLM's per-request shape (``metrics.speculative_decoding``,
+    vLLM's ``--per-request-spec-decode-metrics summary|detailed``), so tools that read vLLM's
+    (NVIDIA AIPerf's "Spec Decode" section) read spectest's too: verify steps, draft tokens,
+    accepted draft tokens, the histogram of accepted drafts per step (``[j]``: steps that
+    accepted exactly ``j``; the bonus token not counted), and at ``detailed`` the per-step
+    arrays. vLLM's conventions kept: ``mean_acceptance_length`` 1.0 and
+    ``draft_acceptance_rate`` 0.0 for a request without a verify step."""
+    if stats is None or level == "none":
+        return None
+    k = max([len(stats.accepted_per_pos)] + [d for d, _ in stats.steps])
+    histogram = [0] * (k + 1)
+    for _, accepted in stats.steps:
+        histogram[accepted] += 1
+    out = {"mean_acceptance_length": (1 + stats.accepted_tokens / stats.drafts
+                                      if stats.drafts else 1.0),
+           "draft_acceptance_rate": (stats.accepted_tokens / stats.draft_tokens
+                                     if stats.draft_tokens else 0.0),
+           "acceptance_histogram": histogram, "num_spec_steps": stats.drafts,
+           "num_accepted_draft_tokens": stats.accepted_tokens,
+           "num_draft_tokens": stats.draft_tokens, "num_spec_tokens": k}
+    if level == "detailed" and stats.steps:
+        out["per_step_accepted"] = [a for _, a in stats.steps]
+        out["per_step_drafted"] = [d for d, _ in stats.steps]
+    return {"speculative_decoding": out}
+
+
 def usage(stats: RequestStats | None) -> dict | None:
     if stats is None:
         return None
@@ -53,6 +84,8 @@ _SLOT = "\x00spectest-text\x00"  # stands for a chunk's text while its template 
 class _Format:
     object_full = ""
     object_chunk = ""
+
+    spec_metrics = "none"  # the level of vLLM-shaped per-request metrics (SPEC_METRICS)
 
     def __init__(self, tokenizer, model: str, body):
         self.tok, self.model, self.body = tokenizer, model, body
@@ -93,12 +126,15 @@ class _Format:
         out.update({k: v for k, v in extra.items() if v is not None})
         return out
 
+    def metrics(self, stats: RequestStats | None) -> dict | None:
+        return spec_decode_metrics(stats, self.spec_metrics)
+
     def final_chunks(self, rid: str, out: RequestOutput, include_usage: bool) -> list[dict]:
         spec = spec_object(out.stats, self.drafter_name)
         chunks = []
         if include_usage:
             chunks.append(self.envelope(rid, self.object_chunk, [], usage=usage(out.stats),
-                                        spec=spec))
+                                        spec=spec, metrics=self.metrics(out.stats)))
         return chunks
 
 
@@ -106,8 +142,10 @@ class CompletionFormat(_Format):
     object_full = "text_completion"
     object_chunk = "text_completion"
 
-    def __init__(self, tokenizer, model, body, prompt_ids, drafter_name: str = ""):
+    def __init__(self, tokenizer, model, body, prompt_ids, drafter_name: str = "",
+                 spec_metrics: str = "none"):
         super().__init__(tokenizer, model, body)
+        self.spec_metrics = spec_metrics
         self.prompt_ids = prompt_ids
         self.drafter_name = drafter_name
         self.offset = 0
@@ -147,7 +185,8 @@ class CompletionFormat(_Format):
                   "logprobs": self._merge(parts) if self.body.logprobs is not None else None,
                   "finish_reason": last.finish_reason}
         return self.envelope(rid, self.object_full, [choice], usage=usage(last.stats),
-                             spec=spec_object(last.stats, self.drafter_name))
+                             spec=spec_object(last.stats, self.drafter_name),
+                             metrics=self.metrics(last.stats))
 
     def stream_start(self, rid: str) -> list[dict]:
         return []  # with echo, the prompt text goes out with the first engine output
@@ -178,9 +217,11 @@ class ChatFormat(_Format):
     object_full = "chat.completion"
     object_chunk = "chat.completion.chunk"
 
-    def __init__(self, tokenizer, model, body, drafter_name: str = ""):
+    def __init__(self, tokenizer, model, body, drafter_name: str = "",
+                 spec_metrics: str = "none"):
         super().__init__(tokenizer, model, body)
         self.drafter_name = drafter_name
+        self.spec_metrics = spec_metrics
 
     def _content(self, out: RequestOutput) -> list[dict]:
         items = []
@@ -202,7 +243,8 @@ class ChatFormat(_Format):
                                           "content": "".join(o.text for o in outputs)},
                   "logprobs": logprobs, "finish_reason": last.finish_reason}
         return self.envelope(rid, self.object_full, [choice], usage=usage(last.stats),
-                             spec=spec_object(last.stats, self.drafter_name))
+                             spec=spec_object(last.stats, self.drafter_name),
+                             metrics=self.metrics(last.stats))
 
     def stream_start(self, rid: str) -> list[dict]:
         return [self.envelope(rid, self.object_chunk, [

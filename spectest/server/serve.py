@@ -96,6 +96,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: one core less than this process may "
                         "use, at least 1 — the event loop needs the other; see default_threads)")
+    p.add_argument("--per-request-spec-decode-metrics", dest="spec_metrics",
+                   choices=("none", "summary", "detailed"), default="summary",
+                   help="also report each request's speculation in vLLM's shape "
+                        "(metrics.speculative_decoding: what AIPerf's Spec Decode section reads; "
+                        "detailed adds the per-step arrays)")
     p.add_argument("--drain-seconds", type=float, default=10.0)
     p.add_argument("--inject-fault", action="append", default=[], choices=sorted(FAULTS),
                    help=argparse.SUPPRESS)
@@ -159,7 +164,8 @@ def build_server(args) -> Server:
                                       else resolve_model_path(args.model).stem)
     provider = build_tracer_provider("spectest", args.trace_file)
     return Server(engine, ServerConfig(name, args.api_key, args.trace_content,
-                                       args.drain_seconds, admin_key=args.admin_key),
+                                       args.drain_seconds, admin_key=args.admin_key,
+                                       spec_metrics=args.spec_metrics),
                   CollectorRegistry(), provider)
 
 

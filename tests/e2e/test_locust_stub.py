@@ -153,3 +153,25 @@ def test_web_ui_shows_live_acceptance(tmp_path):
     assert 0 < row["acceptance_rate"] < 1 and row["mean_accepted_length"] > 1
     assert row["requests"] > 0 and row["ttft_p50_ms"] >= 5
     assert csv.startswith("step,workload,users")
+
+
+def test_the_last_step_ends_with_its_last_byte_not_with_a_slow_final_scrape(tmp_path):
+    """A busy server answers ``/metrics`` late. The final scrape comes after the load stopped;
+    the step's rates must divide by the time requests were in flight, not by the scrape's:
+    ``duration_s`` ends at the last token received."""
+    out = tmp_path / "out"
+    with StubProcess("--ttft-ms", "5", "--itl-ms", "2", "--metrics-delay-ms", "2500") as url:
+        outcome = run_locust(LocustRun("chat", host=url, results_dir=out, steps=(2,),
+                                       step_time_s=5, max_tokens=16, stop_timeout_s=10),
+                             timeout_s=90)
+    assert outcome.returncode == 0, outcome.log_path.read_text()[-2000:]
+    rows = read_requests(out)
+    last_byte = max(r["started_at"] + r["e2el_ms"] / 1e3 for r in rows if r["ok"])
+    run = json.loads((out / "run.json").read_text())
+    step = run["steps"][-1]
+    assert step["ended_at"] == pytest.approx(last_byte, abs=1e-3)
+    assert run["ended_at"] - step["ended_at"] > 2.0  # the final scrape came after it
+    total = pd.read_csv(outcome.steps_csv).query("workload == 'all'").iloc[-1]
+    tokens = sum(r["output_tokens"] for r in rows if r["ok"])
+    assert total.duration_s == pytest.approx(last_byte - step["started_at"], abs=0.01)
+    assert total.output_tokens_per_s == pytest.approx(tokens / total.duration_s, rel=1e-3)

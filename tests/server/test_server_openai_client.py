@@ -226,3 +226,23 @@ def test_vanishing_temperature_is_greedy(client, temperature):
     kw = dict(model=MODEL, prompt="Hello", max_tokens=12, extra_body=FIXED)
     greedy = client.completions.create(**kw, temperature=0).choices[0].text
     assert client.completions.create(**kw, temperature=temperature).choices[0].text == greedy
+
+
+def test_vllm_shaped_per_request_metrics_agree_with_spec_streamed_and_not(client):
+    """``metrics.speculative_decoding`` (vLLM's per-request shape, what AIPerf reads) on the
+    full response and, streamed, on the usage chunk only — as vLLM sends it — with the same
+    figures as spectest's own ``spec`` object."""
+    full = client.completions.create(model=MODEL, prompt="def fibonacci(n):", max_tokens=16,
+                                     temperature=0, extra_body=FIXED)
+    sd, spec = full.model_extra["metrics"]["speculative_decoding"], spec_of(full)
+    assert sd["num_spec_steps"] == spec["drafts"] and sd["num_draft_tokens"] == \
+        spec["draft_tokens"] and sd["num_accepted_draft_tokens"] == spec["accepted_tokens"]
+    assert sum(sd["acceptance_histogram"]) == spec["drafts"]
+    assert sd["mean_acceptance_length"] == pytest.approx(spec["mean_accepted_length"])
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Count to five."}], max_tokens=9,
+        temperature=0, stream=True, stream_options={"include_usage": True}, extra_body=FIXED))
+    carrying = [c for c in chunks if (c.model_extra or {}).get("metrics")]
+    assert carrying == [chunks[-1]] and chunks[-1].usage is not None
+    sd = chunks[-1].model_extra["metrics"]["speculative_decoding"]
+    assert sd["num_accepted_draft_tokens"] == spec_of(chunks[-1])["accepted_tokens"]

@@ -11,6 +11,8 @@ and without logprobs, echo, usage, and on the last output.
 from __future__ import annotations
 
 import json
+
+import pytest
 from types import SimpleNamespace
 
 from hypothesis import given, settings
@@ -96,3 +98,31 @@ def test_a_model_name_holding_the_slot_marker_takes_the_general_path():
     assert fmt.stream_events("r", out, False) == b"".join(
         sse(c) for c in reference.stream_chunks("r", out, False))
     assert fmt._template == ()
+
+
+def test_speculation_in_vllms_per_request_shape():
+    """``metrics.speculative_decoding`` as vLLM 0.32 writes it: the histogram of accepted drafts
+    per verify step (bonus not counted), sums equal to spectest's own ``spec`` object, the
+    per-step arrays only at ``detailed``, vLLM's 1.0 / 0.0 for a request without a step."""
+    from spectest.server.responses import spec_decode_metrics, spec_object
+    stats = RequestStats(3, 9, 0.0, 0.0, 0.1, 0.1, 0.2, 0.3, 3, 10, 5, (2, 2, 1, 0), True,
+                         steps=((4, 0), (4, 3), (2, 2)))
+    summary = spec_decode_metrics(stats, "summary")["speculative_decoding"]
+    assert summary["acceptance_histogram"] == [1, 0, 1, 1, 0]  # one step each of 0, 2, 3
+    assert summary["num_spec_steps"] == 3 and summary["num_draft_tokens"] == 10
+    assert summary["num_accepted_draft_tokens"] == 5 and summary["num_spec_tokens"] == 4
+    assert summary["mean_acceptance_length"] == pytest.approx(1 + 5 / 3)
+    assert summary["draft_acceptance_rate"] == pytest.approx(0.5)
+    assert "per_step_accepted" not in summary
+    spec = spec_object(stats, "ngram")
+    assert spec["drafts"] == summary["num_spec_steps"]
+    assert spec["accepted_tokens"] == sum(j * n for j, n in
+                                          enumerate(summary["acceptance_histogram"]))
+    detailed = spec_decode_metrics(stats, "detailed")["speculative_decoding"]
+    assert detailed["per_step_accepted"] == [0, 3, 2]
+    assert detailed["per_step_drafted"] == [4, 4, 2]
+    no_step = RequestStats(3, 2, 0.0, 0.0, 0.1, 0.1, 0.2, 0.3, 0, 0, 0, (), True)
+    none = spec_decode_metrics(no_step, "summary")["speculative_decoding"]
+    assert none["mean_acceptance_length"] == 1.0 and none["draft_acceptance_rate"] == 0.0
+    assert spec_decode_metrics(stats, "none") is None and spec_decode_metrics(None, "summary") \
+        is None
