@@ -174,6 +174,26 @@ def _accepted_length_low(c: Ctx) -> str:
             f"< {ACCEPTED_LENGTH_FLOOR:g}\nand on ({', '.join(by)})\n  {drafts} > 0.5\n")
 
 
+NEAR_ZERO, NEAR_FULL = 0.05, 0.95  # per-request acceptance at the distribution's two ends
+NEAR_ZERO_SHARE, NEAR_FULL_SHARE = 0.25, 0.5  # share of requests there that is a shift
+
+
+def _request_acceptance_tail(side: str) -> Callable[[Ctx], str]:
+    """The share of finished requests whose own acceptance sits at one end of the range."""
+    def expr(c: Ctx) -> str:
+        by = c.where.speculative_by
+        count = c.sum_rate(by, N.SPEC_REQUEST_ACCEPTANCE, "_count")
+        if side == "low":
+            share = c.sum_rate(by, N.SPEC_REQUEST_ACCEPTANCE, "_bucket",
+                               le=floatToGoString(NEAR_ZERO))
+            return ratio(share, count, f"> {NEAR_ZERO_SHARE:g}", by, count, 0.01)
+        below = c.sum_rate(by, N.SPEC_REQUEST_ACCEPTANCE, "_bucket",
+                           le=floatToGoString(NEAR_FULL))
+        above = f"(\n{_indent(count, 2)}\n  -\n{_indent(below, 2)}\n)"  # (a - b) / c
+        return ratio(above, count, f"> {NEAR_FULL_SHARE:g}", by, count, 0.01)
+    return expr
+
+
 def _slo_breach(spec: MetricSpec, edge: float) -> Callable[[Ctx], str]:
     def expr(c: Ctx) -> str:
         by = c.where.serving_by
@@ -266,6 +286,29 @@ ALERTS: tuple[Alert, ...] = (
                   f"target-only — no errors, but the speed of no speculation."
                   f"{c.where.act_now()}",
         window="5m", for_="2m"),
+    Alert(
+        "SpecDecodeRequestsNearZeroAcceptance", "speculative-decoding",
+        (N.SPEC_REQUEST_ACCEPTANCE,), _request_acceptance_tail("low"), "warning",
+        lambda c: f"{PCT} of requests on {c.where.short(c.where.speculative_by)} accept almost "
+                  f"none of their drafts",
+        lambda c: f"{PCT} of the requests {c.where.target} finished over the last {c.minutes} "
+                  f"accepted at most {NEAR_ZERO:.0%} of their own draft tokens (threshold "
+                  f"{NEAR_ZERO_SHARE:.0%} of requests, for {c.for_minutes}). A request the draft "
+                  f"cannot follow at all is often producing garbled or off-distribution output "
+                  f"(a broken prompt template, garbage input, a corrupted cache) — look at the "
+                  f"outputs, not only at speed.{c.where.act_now()}",
+        window="15m", for_="5m"),
+    Alert(
+        "SpecDecodeRequestsNearFullAcceptance", "speculative-decoding",
+        (N.SPEC_REQUEST_ACCEPTANCE,), _request_acceptance_tail("high"), "warning",
+        lambda c: f"{PCT} of requests on {c.where.short(c.where.speculative_by)} accept nearly "
+                  f"every draft: repetition loops?",
+        lambda c: f"{PCT} of the requests {c.where.target} finished over the last {c.minutes} "
+                  f"accepted more than {NEAR_FULL:.0%} of their own draft tokens (threshold "
+                  f"{NEAR_FULL_SHARE:.0%} of requests, for {c.for_minutes}). Drafts that are "
+                  f"almost always right usually mean the output repeats itself — a model stuck "
+                  f"in a loop until max_tokens. Fast, and wrong.",
+        window="15m", for_="5m"),
     Alert(
         "TTFTSLOBreach", "serving", (N.TTFT,), _slo_breach(N.TTFT, TTFT_SLO_SECONDS), "critical",
         lambda c: f"TTFT SLO breached on {c.where.target}: {PCT} of requests within "

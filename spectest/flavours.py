@@ -145,7 +145,6 @@ VLLM = Flavour(
     tokenize_path="/tokenize", response_stats="metrics.speculative_decoding",
     tokenize_body={"model": MODEL, "prompt": TEXT, "add_special_tokens": True},
     stats_flag="--per-request-spec-decode-metrics summary",
-    extras={"prompt_tokens_cached": "vllm:prompt_tokens_cached_total"},
     deployment_labels=("model_name",), deployment_text=_MODEL_LABEL, alert_prefix="Vllm",
     speculative_alert_prefix="Vllm",
 )

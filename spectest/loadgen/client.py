@@ -45,6 +45,7 @@ from locust.contrib.fasthttp import FastHttpSession
 
 from spectest.flavours import response_stats
 
+HEAD_CHARS = 80
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 
@@ -85,6 +86,7 @@ class StreamResult:
     usage_reported: bool = False
     spec: dict | None = None
     text: str = field(default="", repr=False)
+    head: str = ""  # the output's first HEAD_CHARS characters (outlier reports quote them)
 
     @property
     def tokens_per_chunk(self) -> float | None:
@@ -231,6 +233,7 @@ def _read_stream(stream, t0: float, keep_text: bool, base: dict) -> StreamResult
     usage = spec = None
     response_id = ""
     error = ""
+    head_left = HEAD_CHARS
     try:
         for block in _lines(stream):
             now = perf()
@@ -259,20 +262,24 @@ def _read_stream(stream, t0: float, keep_text: bool, base: dict) -> StreamResult
                             or src.get("reasoning_content") or src.get("reasoning"))
                     if text:
                         times.append(now)
-                        if keep_text:
+                        if keep_text or head_left > 0:
                             pieces.append(text)
+                            head_left -= len(text)
                         break
     except Exception as e:  # socket reset, truncated chunked body, a torn JSON event
         error = (f"stream broken after {len(times)} token chunk(s): "
                  f"{type(e).__name__}: {e}")
         base = {**base, "connection_error": True}
+    text = "".join(pieces)
     if error or not times:
         partial = _timed(times, t0, len(times), usage) if times else {}
         return StreamResult(ok=False, status=200, error=error or "no tokens in the stream",
-                            response_id=response_id, spec=spec, **partial, **base)
+                            response_id=response_id, spec=spec, head=text[:HEAD_CHARS],
+                            **partial, **base)
     n = int(usage["completion_tokens"]) if usage and usage.get("completion_tokens") else len(times)
     return StreamResult(ok=True, status=200, response_id=response_id, spec=spec,
-                        text="".join(pieces), **_timed(times, t0, n, usage), **base)
+                        text=text if keep_text else "", head=text[:HEAD_CHARS],
+                        **_timed(times, t0, n, usage), **base)
 
 
 def _timed(times: list[float], t0: float, n: int, usage: dict | None) -> dict:

@@ -9,7 +9,9 @@ One run writes one folder (``--results-dir``; a new test start truncates it):
     ``turn``, ``ok``, ``status``, ``error``, ``response_id``, ``trace_id`` (the W3C trace id
     sent), ``ttft_ms``, ``tpot_ms``, ``e2el_ms``, ``itl_ms`` (every chunk gap), ``chunks``,
     ``output_tokens``, ``prompt_tokens``, ``tokens_per_chunk``, ``usage_reported``, ``spec``
-    (the server's per-response object or null), ``speculative`` (on|off|default, as requested),
+    (the server's per-response object or null), ``acceptance_rate`` (the response's own
+    accepted / draft tokens, null without drafts), ``output_head`` (its first 80 characters
+    of output), ``speculative`` (on|off|default, as requested),
     ``schedule_lag_ms`` (open loop: send time minus scheduled arrival), ``slo_ok``,
     ``reconnects`` (1 when the request was resent because the server had closed the kept-alive
     connection without reading it; see ``client.py``), ``client_cpu`` (the share of one core
@@ -109,6 +111,13 @@ COLUMNS = (["step", "workload", "users", "request_rate", "speculative", "started
               "client_saturated"])
 
 
+def request_acceptance(spec: dict | None) -> float | None:
+    """A response's own acceptance rate (accepted / draft tokens), None without drafts."""
+    if not spec or not spec.get("draft_tokens"):
+        return None
+    return round((spec.get("accepted_tokens") or 0) / spec["draft_tokens"], 6)
+
+
 def request_row(r: StreamResult, *, worker: str, speculative: str, slo_ok: bool,
                 schedule_lag_s: float | None = None, client_cpu: float | None = None) -> dict:
     """A StreamResult as one ``requests.jsonl`` object (times in ms, rounded to µs)."""
@@ -122,7 +131,9 @@ def request_row(r: StreamResult, *, worker: str, speculative: str, slo_ok: bool,
             "chunks": r.chunks,
             "output_tokens": r.output_tokens, "prompt_tokens": r.prompt_tokens,
             "tokens_per_chunk": r.tokens_per_chunk, "usage_reported": r.usage_reported,
-            "spec": r.spec, "speculative": speculative, "schedule_lag_ms": ms(schedule_lag_s),
+            "spec": r.spec, "acceptance_rate": request_acceptance(r.spec),
+            "output_head": r.head, "speculative": speculative,
+            "schedule_lag_ms": ms(schedule_lag_s),
             "slo_ok": bool(r.ok and slo_ok), "reconnects": r.reconnects,
             "client_cpu": None if client_cpu is None else round(client_cpu, 3)}
 

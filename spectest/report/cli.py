@@ -7,6 +7,12 @@ interrupted sweep renders too (its status says so); SLO flags re-judge the steps
 objectives without re-running anything. ``add_analysis_arguments`` (the minimum of requests per
 step, prices and target load) is shared with ``spectest sweep``; ``analysis_options`` checks
 them (one readable line on bad input).
+
+Peer runs: ``spectest report --spec DIR… --baseline DIR… [--out OUT]`` reads result folders of
+NVIDIA AIPerf or GuideLLM (detected from their files; ``peers``) as the two arms, writes the
+converted table into OUT as ``steps.csv`` + ``sweep.json`` (so OUT is a sweep folder that
+``report`` re-renders and ``compare`` takes) and renders it there. ``spectest compare`` takes a
+side as a folder or as ``--a-spec/--a-baseline`` (``--b-…``) peer runs.
 """
 
 from __future__ import annotations
@@ -57,9 +63,36 @@ def analysis_options(args) -> tuple[int | None, CostInputs | None]:
     return m, cost
 
 
+def add_peer_arguments(p, prefix: str = "", side: str = "") -> None:
+    """``--spec DIR…`` / ``--baseline DIR…`` (``--a-spec`` … with a prefix) and the options of
+    peer runs."""
+    dest = prefix.replace("-", "_")
+    p.add_argument(f"--{prefix}spec", dest=f"{dest}spec", type=Path, nargs="+", default=None,
+                   metavar="DIR", help=f"{side}AIPerf or GuideLLM result folder(s) of the "
+                                       f"speculative server, one run per concurrency or the "
+                                       f"tool's own sweep (format detected from the files)")
+    p.add_argument(f"--{prefix}baseline", dest=f"{dest}baseline", type=Path, nargs="+",
+                   default=None, metavar="DIR",
+                   help=f"{side}… of the plain (speculation-free) server")
+    if prefix:
+        return
+    p.add_argument("--peer", choices=("aiperf", "guidellm"), default=None,
+                   help="with --spec/--baseline: insist on this tool's format (default: detect)")
+    p.add_argument("--workload", default=None,
+                   help="with --spec/--baseline: the workload's name in the report (default: "
+                        "from the runs' inputs, e.g. synthetic-isl64-osl64)")
+    p.add_argument("--label", default=None,
+                   help="with --spec/--baseline: the report's title (default: the tools)")
+
+
 def add_report_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("folder", type=Path, help="a sweep folder (the --out of spectest sweep)")
-    p.add_argument("--out", type=Path, default=None, help="write here (default: the folder)")
+    p.add_argument("folder", type=Path, nargs="?", default=None,
+                   help="a sweep folder (the --out of spectest sweep); or give peer runs with "
+                        "--spec and --baseline instead")
+    p.add_argument("--out", type=Path, default=None,
+                   help="write here (default: the folder; with --spec/--baseline: "
+                        "spectest-report-SPEC-vs-BASELINE)")
+    add_peer_arguments(p)
     p.add_argument("--slo-ttft-ms", type=float, default=None,
                    help="judge steps against this TTFT p99 instead of the sweep's")
     p.add_argument("--slo-tpot-ms", type=float, default=None, help="… TPOT p99")
@@ -73,8 +106,15 @@ def add_report_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_compare_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("folder_a", type=Path, help="the earlier sweep (A)")
-    p.add_argument("folder_b", type=Path, help="the later sweep (B)")
+    p.add_argument("folders", type=Path, nargs="*", metavar="FOLDER",
+                   help="the earlier sweep (A) and the later one (B); a side given as peer "
+                        "runs (--a-spec/--a-baseline, --b-spec/--b-baseline) takes no folder")
+    add_peer_arguments(p, "a-", "side A: ")
+    add_peer_arguments(p, "b-", "side B: ")
+    for name in ("ttft", "tpot", "e2el"):
+        p.add_argument(f"--slo-{name}-ms", type=float, default=None,
+                       help=f"{name.upper()} objective (p99, and per request for goodput) of a "
+                            f"side given as peer runs (a sweep keeps its own)")
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default: spectest-compare-A-vs-B)")
     add_analysis_arguments(p)
@@ -94,8 +134,13 @@ def _slo(args, base: SLO) -> SLO | None:
 
 def report_main(args: argparse.Namespace) -> int:
     from spectest.report.render import render_report, summary_lines
+    if getattr(args, "spec", None) or getattr(args, "baseline", None):
+        return _peer_report(args)
     try:
-        sweep = load_sweep(args.folder)
+        if args.folder is None:
+            raise SweepError("give a sweep folder, or peer runs with --spec DIR… and "
+                             "--baseline DIR…")
+        sweep = _load_or_explain(args.folder)
         slo = _slo(args, sweep.slo)
         m, cost = analysis_options(args)
         if args.network_ms is not None and args.network_ms < 0:
@@ -114,13 +159,92 @@ def report_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_or_explain(folder: Path):
+    """``load_sweep``, or one line saying how to read a peer tool's folder given as a sweep."""
+    from spectest.report import peers
+    try:
+        return load_sweep(folder)
+    except SweepError as original:
+        try:
+            tool = peers.detect(folder)
+        except SweepError:
+            raise original from None
+        raise SweepError(f"{folder} holds {peers.TOOL_NAMES[tool]} results, not a spectest "
+                         f"sweep: give the speculative server's runs with --spec DIR… and the "
+                         f"plain server's with --baseline DIR…") from None
+
+
+def _peer_runs(spec, baseline, out: Path, args, where: str = ""):
+    """The sweep folder made from peer runs (written into ``out``)."""
+    from spectest.report import peers
+    if not spec or not baseline:
+        raise SweepError(f"peer runs need both arms{where}: --{where and where[1:] + '-'}spec "
+                         f"DIR… (the speculative server) and --{where and where[1:] + '-'}"
+                         f"baseline DIR… (the plain one)")
+    slo = _slo(args, SLO()) or SLO()
+    return peers.build(spec, baseline, out, slo, getattr(args, "peer", None),
+                       getattr(args, "workload", None), getattr(args, "label", None))
+
+
+def _peer_report(args: argparse.Namespace) -> int:
+    from spectest.report.render import render_report, summary_lines
+    try:
+        if args.folder is not None:
+            raise SweepError("give a sweep folder or peer runs (--spec/--baseline), not both")
+        m, cost = analysis_options(args)
+        if args.network_ms is not None and args.network_ms < 0:
+            raise SweepError("--network-ms must be at least 0")
+        out = args.out or Path(f"spectest-report-{(args.spec or [Path('spec')])[0].resolve().name}"
+                               f"-vs-{(args.baseline or [Path('base')])[0].resolve().name}")
+        sweep = _peer_runs(args.spec, args.baseline, out, args)
+        rendered = render_report(out, out, None, m, cost, args.network_ms)
+        lines = summary_lines(out, None, m, cost)
+    except SweepError as e:
+        print(f"spectest report: {e}", file=sys.stderr)
+        return 2
+    for note in sweep.info.get("notes") or []:
+        print(f"note: {note}")
+    for line in lines:
+        print(line)
+    print(f"report: {rendered.html}  (Markdown: {rendered.markdown}; the converted runs: "
+          f"{out / 'steps.csv'})")
+    return 0
+
+
+def _compare_sides(args: argparse.Namespace) -> tuple[list[Path], Path]:
+    """(the two sweep folders, the output folder): positional folders fill the sides that are
+    not given as peer runs; peer sides are converted under the output folder."""
+    folders = list(args.folders)
+    peer = {side: (getattr(args, f"{side}_spec"), getattr(args, f"{side}_baseline"))
+            for side in ("a", "b")}
+    given = [side for side, (s, b) in peer.items() if s or b]
+    if len(folders) + len(given) != 2:
+        raise SweepError(f"compare needs two sides (A and B): got {len(folders)} folder(s) and "
+                         f"{len(given)} side(s) of peer runs")
+    names, sides = {}, {}
+    for side in ("a", "b"):
+        if side in given:
+            names[side] = peer[side][0][0].resolve().name if peer[side][0] else "peer"
+        else:
+            sides[side] = folders.pop(0)
+            names[side] = sides[side].resolve().name
+    out = args.out or Path(f"spectest-compare-{names['a']}-vs-{names['b']}")
+    for side in given:
+        folder = out / f"{side.upper()}-peer-runs"
+        _peer_runs(*peer[side], folder, args, f" of side {side.upper()}")
+        sides[side] = folder
+    for side in ("a", "b"):
+        if side not in given:
+            _load_or_explain(sides[side])
+    return [sides["a"], sides["b"]], out
+
+
 def compare_main(args: argparse.Namespace) -> int:
     from spectest.report.compare import compare
-    out = args.out or Path(f"spectest-compare-{args.folder_a.resolve().name}-vs-"
-                           f"{args.folder_b.resolve().name}")
     try:
         m, cost = analysis_options(args)
-        result = compare(args.folder_a, args.folder_b, out, m, cost)
+        sides, out = _compare_sides(args)
+        result = compare(sides[0], sides[1], out, m, cost)
     except SweepError as e:
         print(f"spectest compare: {e}", file=sys.stderr)
         return 2

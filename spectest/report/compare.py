@@ -8,7 +8,9 @@ goodput, each with what it rests on; the cheapest cost per 1M output tokens per 
 saving from speculation; then per common concurrency the change in speculative TPOT p50 and
 throughput, and — where the servers report round timings — the speculative round's draft,
 network and verify milliseconds (co-located vs disaggregated drafting, for example). The figures are the report's, with both sweeps on the same axes (A solid, B
-dashed). Output: ``compare.md``, a self-contained ``compare.html`` and ``plots/``.
+dashed). Output: ``compare.md``, a self-contained ``compare.html`` and ``plots/``. A side
+measured by another tool (AIPerf, GuideLLM: ``peers``) carries its setup and the notes of what
+its files lack.
 
 It reads two sweep folders and writes files; numbers come from ``sections.analyse``.
 """
@@ -150,6 +152,18 @@ def round_rows(a: Sweep, b: Sweep) -> list[list[str]]:
     return rows
 
 
+def _no_intervals(s: Sweep) -> str | None:
+    return (s.info.get("peer") or {}).get("no_intervals")
+
+
+def peer_notes(a: Sweep, b: Sweep) -> list:
+    """What the files of a side measured by another tool (``peers``) lack, one line each."""
+    lines = [f"{s.label}: {n}" for s in (a, b) if s.info.get("peer")
+             for n in s.info.get("notes") or []]
+    setups = [f"{s.label}: {s.info['peer']['setup']}" for s in (a, b) if s.info.get("peer")]
+    return [Bullets(setups + lines)] if lines or setups else []
+
+
 def _goodput(bp: bpm.BreakPoint) -> str:
     if bp.status != bpm.FOUND:
         return bp.headline()
@@ -184,8 +198,9 @@ def compare(dir_a: str | Path, dir_b: str | Path, out: str | Path,
                                  f"B = {b.folder} ({b.info.get('status', '?')}). SLOs: A "
                                  f"{a.slo.describe()}; B {b.slo.describe()}.",
                                  ev.method_text(an_b.min_requests)]
-                + [n for n in (ev.interval_note(a.table),
-                               ev.interval_note(b.table)) if n][:1]),
+                + [n for n in (ev.interval_note(a.table, _no_intervals(a)),
+                               ev.interval_note(b.table, _no_intervals(b))) if n][:1]
+                + peer_notes(a, b)),
         Section("Break points and speedup, A → B",
                 [Table(["workload", "figure", a.label, b.label, "change"], summary)]),
         Section("Cost per 1M output tokens, A → B",

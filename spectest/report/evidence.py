@@ -275,10 +275,14 @@ def has_intervals(table: pd.DataFrame) -> bool:
     return "tpot_p50_log_se" in table.columns and bool(table["tpot_p50_log_se"].notna().any())
 
 
-def interval_note(table: pd.DataFrame) -> str | None:
-    """A warning for a table without intervals (a steps.csv older than them), else None."""
+def interval_note(table: pd.DataFrame, why: str | None = None) -> str | None:
+    """A warning for a table without intervals (a steps.csv older than them, or ``why``: peer
+    runs without per-request records), else None."""
     if has_intervals(table):
         return None
+    if why:
+        return (f"**Every interval is unavailable: {why}**, so only the request counts gate "
+                f"the verdicts and differences are judged against a ±{MIN_TOL:.0%} band.")
     return ("**This steps.csv predates the per-request interval columns: every interval is "
             "unavailable**, so only the request counts gate the verdicts and differences are "
             "judged against the sub-window spread (±, `*_rse`). Re-run the sweep to get "

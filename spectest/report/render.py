@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from spectest.report import advisor, plots
+from spectest.report import advisor, outliers, plots
 from spectest.report import breakpoints as bpm
 from spectest.report import cost as costm
 from spectest.report.cost_section import cost_lines, cost_section
@@ -78,7 +78,8 @@ def document(an: Analysis, figures: dict) -> list[Section]:
             cost_section(list(an.costs), an.inputs, an.sweep.slo, an.min_requests, cost_fig),
             Section("Figures", [Image(p, CAPTIONS.get(name, name)) for name, p in
                                 figures.items() if name not in ("k_advisor", "cost")]),
-            k_section(an, figures.get("k_advisor")), steps_section(an.sweep)]
+            k_section(an, figures.get("k_advisor")),
+            outliers.section(an.sweep.table, an.sweep.folder), steps_section(an.sweep)]
 
 
 def breakpoints_frame(found) -> pd.DataFrame:

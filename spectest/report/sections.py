@@ -154,20 +154,22 @@ def setup_section(an: Analysis) -> Section:
     sweep = an.sweep
     info, t = sweep.info, sweep.table
     cfg = info.get("config", {})
+    peer = info.get("peer") or {}  # runs of another tool (``peers``): their own setup line
     setup = [
         f"Status: **{info.get('status', 'unknown')}** — {len(t)} steps measured"
         + (f" in {fmt(info.get('elapsed_s'), '.0f')} s" if info.get("elapsed_s") else "") + ".",
         f"Server: {_server(info)}.",
-        f"Workloads {', '.join(sweep.workloads)}; concurrency "
+        f"Workloads {', '.join(sweep.workloads)}; " + (peer["setup"] if peer else
+        f"concurrency "
         f"{', '.join(str(c) for c in cfg.get('steps', sorted(set(t.concurrency))))}; "
         f"{fmt(cfg.get('warmup_s'), 'g')} s warm-up then {fmt(cfg.get('step_time_s'), 'g')} s "
         f"measured per step and arm ({cfg.get('windows', '?')} windows); max tokens "
         f"{cfg.get('max_tokens', '?')}; temperature {cfg.get('temperature', '?')}; "
-        f"seed {cfg.get('seed', '?')}.",
+        f"seed {cfg.get('seed', '?')}."),
         f"SLOs: {sweep.slo.describe()}.",
         f"Step resolution: {bpm.resolution(t)}.",
         ev.method_text(an.min_requests)]
-    note = ev.interval_note(t)
+    note = ev.interval_note(t, peer.get("no_intervals"))
     if note:
         setup.append(note)
     machine = info.get("machine") or {}

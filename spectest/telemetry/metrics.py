@@ -235,6 +235,9 @@ class ServingMetrics:
         self._m(N.REQUEST_SUCCESS).labels(**labels, finished_reason=reason).inc()
         self._m(N.SPEC_REQUESTS).labels(
             **labels, speculative="true" if stats.speculative else "false").inc()
+        if stats.draft_tokens:
+            self._m(N.SPEC_REQUEST_ACCEPTANCE).labels(**labels).observe(
+                stats.accepted_tokens / stats.draft_tokens)
 
     def observe_error(self, status: int) -> None:
         self._m(N.REQUEST_ERRORS).labels(**self._engine_labels, code=str(status)).inc()

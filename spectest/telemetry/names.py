@@ -38,6 +38,10 @@ REQUEST_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0,
 ROUND_TIME_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05,
                       0.075, 0.1, 0.2, 0.5, 1.0)
 ACCEPTED_LENGTH_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 16)
+# per-request acceptance rate: fine at both ends, where garbled output (near 0) and repetition
+# loops (near 1) sit
+REQUEST_ACCEPTANCE_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95,
+                              0.99, 1.0)
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,12 @@ SPEC_NUM_ACCEPTED_PER_POS = _m("spec_decode_num_accepted_tokens_per_pos", "count
 SPEC_ACCEPTED_LENGTH = _m("spec_decode_accepted_length", "histogram",
                           "Tokens emitted per request per round (accepted drafts + 1).",
                           buckets=ACCEPTED_LENGTH_BUCKETS)
+SPEC_REQUEST_ACCEPTANCE = _m("spec_decode_request_acceptance_rate", "histogram",
+                             "Each finished request's own acceptance rate (its accepted / draft "
+                             "tokens; requests without drafts not observed). A shift of this "
+                             "distribution is a quality signal: requests near 0 are often "
+                             "garbled or off-distribution output, near 1 repetition loops.",
+                             buckets=REQUEST_ACCEPTANCE_BUCKETS)
 SPEC_REQUESTS = _m("spec_decode_requests", "counter",
                    "Finished requests by speculation mode (A/B traffic split).",
                    labels=REQUEST_LABELS + ("speculative",))
@@ -140,7 +150,7 @@ REQUEST_ERRORS = _m("request_errors", "counter",
 
 ALL: tuple[MetricSpec, ...] = (
     SPEC_NUM_DRAFTS, SPEC_NUM_DRAFT_TOKENS, SPEC_NUM_ACCEPTED_TOKENS, SPEC_NUM_ACCEPTED_PER_POS,
-    SPEC_ACCEPTED_LENGTH, SPEC_REQUESTS, SPEC_K, SPEC_DRAFT_TIME, SPEC_VERIFY_TIME, SPEC_ROUNDS,
+    SPEC_ACCEPTED_LENGTH, SPEC_REQUEST_ACCEPTANCE, SPEC_REQUESTS, SPEC_K, SPEC_DRAFT_TIME, SPEC_VERIFY_TIME, SPEC_ROUNDS,
     SPEC_NETWORK_TIME, SPEC_DRAFT_ERRORS, SPECULATION_ENABLED, SPECULATION_K,
     SPECULATION_SWITCHES, TTFT, ITL, TPOT, E2E, QUEUE, PREFILL, DECODE, RUNNING, WAITING,
     KV_USAGE, PROMPT_TOKENS, GENERATION_TOKENS, PREEMPTIONS, REQUEST_SUCCESS, REQUEST_ERRORS,

@@ -36,10 +36,12 @@ def flavour_of(path: Path) -> flavours.Flavour:
 ALERTS = [(flavour_of(p), r) for p in RULE_FILES for r in rule_expressions(p) if r.is_alert]
 IDS = [r.name for _, r in ALERTS]
 
-# What the issues ask for, by file and alert name.
+# The alerts each rule file must hold, by file and alert name.
 REQUIRED = {
     "spectest": {"SpecDecodeAcceptanceRateLow", "SpecDecodeAcceptedLengthNearOne",
-                 "SpecDecodeDrafterFailing", "SpectestTTFTSLOBreach", "SpectestTPOTSLOBreach",
+                 "SpecDecodeDrafterFailing", "SpecDecodeRequestsNearZeroAcceptance",
+                 "SpecDecodeRequestsNearFullAcceptance", "SpectestTTFTSLOBreach",
+                 "SpectestTPOTSLOBreach",
                  "SpectestHighErrorRate",
                  "SpectestRequestsRefused", "SpectestQueueGrowing", "SpectestMetricsAbsent"},
     "llamacpp": {"LlamacppSpecDecodeAcceptanceRateLow", "LlamacppSpecDecodeAcceptedLengthNearOne",
