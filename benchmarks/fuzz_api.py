@@ -508,7 +508,7 @@ def main() -> int:
         end = still_serving(url)
         end["process_running"] = server.proc.poll() is None
         rss_after = rss_mib(pid)
-        log = Path(server._log.name).read_text(errors="replace") if server._log else ""
+        log = server.log_path.read_text(errors="replace")
     campaign.pool.shutdown()
     total_wall = time.perf_counter() - t_start
 

@@ -32,4 +32,4 @@ fi
 tail -n 2 .cache/vllm-install.log
 . .venv/bin/activate
 export CI=${CI:-1}
-exec python -m pytest -q -p no:cacheprovider "$@"
+exec python -m pytest -q -p no:cacheprovider --durations=40 "$@"

