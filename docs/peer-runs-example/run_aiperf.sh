@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The AIPerf runs behind docs/peer-runs-example: one speculative and one plain `spectest serve`
-# (the bundled embedded pair, one torch thread each, loopback), measured by NVIDIA AIPerf 0.13.0
-# at concurrency 1, 2 and 4, the arms interleaved per concurrency (spec then plain), 24 requests
-# of 64 synthetic prompt tokens and 64 output tokens each (ignore_eos, temperature 0, seed 0).
+# The AIPerf runs behind docs/peer-runs.md (packed in tests/report/peer_runs.tar.gz, under
+# peer_runs/aiperf/): one speculative and one plain `spectest serve` (the bundled embedded pair,
+# one torch thread each, loopback), measured by NVIDIA AIPerf 0.13.0 at concurrency 1, 2 and 4,
+# the arms interleaved per concurrency (spec then plain), 1 warm-up request then 24 requests of
+# 64 synthetic prompt tokens and 64 output tokens each (ignore_eos, temperature 0, seed 0).
 #
 #   scripts/install_peers.sh aiperf
 #   spectest serve --port 18101 --threads 1 &                  # speculative (draft model, K=4)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # GuideLLM 0.8.1 runs against the same two servers as run_aiperf.sh (speculative on 18101, plain
 # on 18102): concurrent streams 1, 2 and 4, 20 requests per level, 64 synthetic prompt tokens,
-# 32 output tokens (ignore_eos, temperature 0). The fixtures of tests/report/peer_runs/guidellm
-# are these files; one rate-based run (constant 2 req/s, 4 requests) shows what is left out.
+# 32 output tokens (ignore_eos, temperature 0). The spec and base files are packed in
+# tests/report/peer_runs.tar.gz (under peer_runs/guidellm/) and shown in docs/peer-runs.md; the
+# rate-based run (constant 2 req/s, 4 requests) is not packed: spectest leaves such a run out.
 #
 #   scripts/install_peers.sh guidellm
 #   docs/peer-runs-example/run_guidellm.sh OUT      # → OUT/{spec,base,rate}/benchmarks.json

@@ -11,7 +11,12 @@ incomplete}``: the lightweight stats of every request (kept whatever ``sample_si
 (both (E2EL − TTFT) / (N − 1)), ``request_latency`` (s) → E2EL, ``output_tokens`` → output
 tokens, ``output_tokens / info.timings.token_iterations`` → tokens per chunk. GuideLLM's own
 ``time_per_output_token_ms`` (E2EL / N, TTFT included) is not spectest's TPOT and is not used.
-GuideLLM records no per-chunk times and no speculation: chunk ITL and acceptance stay empty.
+A request's ``response_metrics`` keeps the response's own ``metrics``: a server that reports
+vLLM's per-request speculation there gives ``speculative_decoding``'s ``num_spec_steps`` /
+``num_draft_tokens`` / ``num_accepted_draft_tokens`` → drafts / draft tokens / accepted tokens,
+``num_spec_tokens`` → K, ``acceptance_histogram`` → per-position acceptance (acceptance stays
+empty, with a note, when no response carried it). GuideLLM records no per-chunk times: chunk
+ITL stays empty.
 
 Does not know: how a step becomes a row (``peers``), the report.
 """
@@ -128,8 +133,9 @@ def _step(path: Path, i: int, bench: dict, spec: dict, tool: str) -> PeerStep:
     if frame.empty or (totals.get("successful") is not None and kept < totals["successful"]):
         raise PeerError(f"{path}: benchmark {i} ({kind}) keeps {kept} of "
                         f"{totals.get('successful', '?')} successful requests' stats")
-    return PeerStep(tool, where, level, workload, frame, setup=setup,
-                    lacks=(NO_CHUNK_TIMES, NO_SPECULATION))
+    has_spec = frame.drafts.fillna(0).sum() > 0
+    lacks = (NO_CHUNK_TIMES,) + (() if has_spec else (NO_SPECULATION,))
+    return PeerStep(tool, where, level, workload, frame, setup=setup, lacks=lacks)
 
 
 def _body(req: dict) -> dict:
@@ -152,7 +158,15 @@ def _request(r: dict, ok: bool) -> dict:
         itl = (e2el - ttft) / (tokens - 1)
     timings = (r.get("info") or {}).get("timings") or {}
     chunks = timings.get("token_iterations")
+    spec = (r.get("response_metrics") or {}).get("speculative_decoding") or {}
+    hist = spec.get("acceptance_histogram")
+    if isinstance(hist, dict):  # {"j": steps}, as AIPerf keeps it
+        hist = [int(hist.get(str(j), 0)) for j in range(max(int(k) for k in hist) + 1)] \
+            if hist else None
     return {"started_at": start, "ended_at": end if end is not None else start,
             "ok": bool(ok and ttft is not None), "ttft_ms": ttft, "tpot_ms": itl, "e2el_ms": e2el,
-            "output_tokens": tokens, "chunks": chunks or None, "itl_ms": None, "drafts": None,
-            "draft_tokens": None, "accepted_tokens": None, "k": None, "histogram": None}
+            "output_tokens": tokens, "chunks": chunks or None, "itl_ms": None,
+            "drafts": spec.get("num_spec_steps"), "draft_tokens": spec.get("num_draft_tokens"),
+            "accepted_tokens": spec.get("num_accepted_draft_tokens"),
+            "k": spec.get("num_spec_tokens"),
+            "histogram": hist if isinstance(hist, list) else None}

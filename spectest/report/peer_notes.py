@@ -115,7 +115,7 @@ def info(arms: dict, names: dict, workload: str, table: pd.DataFrame, slo: SLO,
 def setup_line(tools: list[str], arms: dict, steps: list[float], setup: dict) -> str:
     counts = {arm: [f"{_c(s)}: {s.setup.get('requests', '?')}" for s in steps_
                     if not s.left_out] for arm, steps_ in arms.items()}
-    return (f"Measured by {' and '.join(tools)} ({setup.get('profile', 'concurrency runs')}); "
+    return (f"measured by {' and '.join(tools)} ({setup.get('profile', 'concurrency runs')}); "
             f"concurrency {', '.join(f'{c:g}' for c in steps)}; requests per run (speculative) "
             f"{_where(counts['spec'])}, (baseline) {_where(counts['base'])}; warm-up "
             f"{setup.get('warmup', 'none recorded')}; input {setup.get('input', '?')}; max "
