@@ -509,6 +509,7 @@ def level_rows(a: argparse.Namespace, url: str, spec: VllmServerSpec, tokenizer:
 
 def main() -> int:
     a = parse_args()
+    procs.exit_on_sigterm()  # a killed run stops the vLLM server and the clients
     for client, tool in (("aiperf", AIPERF), ("guidellm", GUIDELLM)):
         if client in a.clients:
             peer_python(tool)

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from spectest.engine.gguf_loader import find_smollm2  # noqa: E402
+from spectest.procs import exit_on_sigterm  # noqa: E402
 from spectest.thirdparty.llama_server import LlamaServer, LlamaServerSpec  # noqa: E402
 
 DRAFT_GGUF = ROOT / "spectest" / "models" / "smollm2-draft" / "smollm2-draft.gguf"
@@ -46,6 +47,7 @@ def main() -> int:
     ap.add_argument("--step-time", default="20")
     ap.add_argument("--skip-sweep", action="store_true", help="run the audits only")
     a = ap.parse_args()
+    exit_on_sigterm()  # a killed run stops its servers
     model = find_smollm2()
     kinds = {"ngram": LlamaServerSpec(model, spec_type="ngram-simple")}
     if DRAFT_GGUF.exists():

@@ -29,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from spectest.procs import exit_on_sigterm  # noqa: E402
 from spectest.thirdparty.vllm_server import VllmServer, VllmServerSpec  # noqa: E402
 
 T1 = ["--temperature", "1", "--top-p", "1", "--top-k", "0"]
@@ -58,6 +59,7 @@ def main() -> int:
                     help="torch.compile the models (vLLM's default; slower to start)")
     ap.add_argument("--skip-sweep", action="store_true")
     a = ap.parse_args()
+    exit_on_sigterm()  # a killed run stops its servers
     out = a.out / f"{a.pair}-{a.method}"
     out.mkdir(parents=True, exist_ok=True)
     logs = out / "server-logs"

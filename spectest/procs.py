@@ -230,6 +230,17 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
             pass
 
 
+def exit_on_sigterm() -> None:
+    """Make SIGTERM end this process the way Ctrl-C does: ``SystemExit`` unwinds the ``with``
+    blocks, so every :class:`Child` is stopped with its whole process group. Without it SIGTERM
+    ends the process at once; the kernel's parent-death signal then reaches only the direct
+    child, and a server that forks (vLLM's engine and worker processes) can outlive it. For
+    scripts that own servers; call it from the main thread."""
+    def _exit(signum, frame) -> None:
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, _exit)
+
+
 def python_argv(module: str, *args: str) -> list[str]:
     """``python -m module args…`` with this interpreter."""
     return [sys.executable, "-m", module, *args]

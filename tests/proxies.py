@@ -57,3 +57,17 @@ class RewritingProxy:
         asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
+
+
+class TemperatureProxy(RewritingProxy):
+    """Forwards to a real server and multiplies the temperature of sampled requests by
+    ``factor``: a sampling setting that reaches only one side (a lossy impostor)."""
+
+    def __init__(self, upstream: str, factor: float):
+        super().__init__(upstream)
+        self.factor = factor
+
+    def rewrite_request(self, body: dict) -> dict:
+        if (body.get("temperature") or 0) > 0:
+            body["temperature"] *= self.factor
+        return body

@@ -28,7 +28,7 @@ from spectest.audit.client import Client, Endpoint, Routes
 from spectest.audit.samples import PromptCase
 from spectest.flavours import LLAMACPP
 from spectest.thirdparty.llama_server import LlamaServer
-from tests.proxies import RewritingProxy
+from tests.proxies import TemperatureProxy
 
 # One request at a time per server: llama-server batches the requests of its slots together and
 # its logits depend on the batch's shape, so at concurrency > 1 a greedy near-tie can go either
@@ -73,20 +73,6 @@ def test_synthetic_acceptance_mode_is_caught(llama_pair, smollm2_gguf, tmp_path)
         proc, report = audit(tmp_path / "out", synth_url, base_url, "--checks", "distribution")
     assert proc.returncode == 1, (tmp_path / "out" / "summary.md").read_text()
     assert report["checks"]["distribution"]["status"] == "fail"
-
-
-class TemperatureProxy(RewritingProxy):
-    """Forwards to a real server and multiplies the temperature of sampled requests by
-    ``factor``: a sampling setting that reaches only one side."""
-
-    def __init__(self, upstream: str, factor: float):
-        super().__init__(upstream)
-        self.factor = factor
-
-    def rewrite_request(self, body: dict) -> dict:
-        if (body.get("temperature") or 0) > 0:
-            body["temperature"] *= self.factor
-        return body
 
 
 def test_a_proxy_that_lowers_the_temperature_is_caught(llama_pair, tmp_path):

@@ -1,0 +1,71 @@
+"""``spectest.procs``: a script that owns servers and is killed with SIGTERM leaves none behind.
+
+Real processes: a parent script starts a child that shrugs off SIGTERM (as a server busy with a
+graceful shutdown does; vLLM's API server forks its engine and workers and outlived a killed
+example script), then the parent is sent SIGTERM. With ``exit_on_sigterm`` the parent's
+``with`` block stops the child's whole process group (SIGKILL after the grace); without it the
+child survives its parent — the control that shows the test can fail.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from spectest.procs import REPO_ROOT
+
+STUBBORN = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('ready', flush=True); time.sleep(120)")
+
+PARENT = """
+import sys, time
+from spectest import procs
+if sys.argv[1] == "on":
+    procs.exit_on_sigterm()
+with procs.Child([sys.executable, "-c", {stubborn!r}], name="stubborn", log_path=sys.argv[2],
+                 ready_pattern="(?m)^ready$", stop_timeout_s=1.0) as child:
+    print(child.proc.pid, flush=True)
+    time.sleep(120)
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is gone for our purpose
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def run_and_terminate(mode: str, log) -> int:
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT.format(stubborn=STUBBORN), mode, str(log)],
+        stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    child = int(parent.stdout.readline())
+    assert alive(child)
+    parent.send_signal(signal.SIGTERM)
+    parent.wait(30)
+    return child
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_sigterm_to_a_script_stops_the_servers_it_owns(mode, tmp_path):
+    child = run_and_terminate(mode, tmp_path / "child.log")
+    deadline = time.monotonic() + 5
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    try:
+        if mode == "on":
+            assert not alive(child), "the child outlived its parent"
+        else:  # the control: SIGTERM's default action skips the with block
+            assert alive(child), "the control no longer shows the orphan: the test proves nothing"
+    finally:
+        if alive(child):
+            os.kill(child, signal.SIGKILL)
