@@ -6,9 +6,9 @@ child in its own process group with its output in a log file, waiting until it i
 deadline (an HTTP URL answers 200, or a line of its output matches a pattern — whichever the
 caller gives), quoting the log's last lines when it dies or never gets ready, and stopping it:
 SIGTERM to the whole group, then SIGKILL after a grace. The kernel also sends it SIGTERM when
-spectest itself dies without cleaning up (``PR_SET_PDEATHSIG``), so no server outlives the
-process that started it (when it was started from the main thread: the signal follows the
-thread that forked).
+spectest itself dies without cleaning up (``PR_SET_PDEATHSIG``; from the main thread only: the
+signal follows the thread that forked) — a signal a busy server may take its time over, which is
+why scripts that own servers also call :func:`exit_on_sigterm`.
 
 Does not know: what the child is for. :class:`Child` is used as ``with Child(...) as child``;
 ``child.url`` is the base URL: the caller's (it chose the port), or the first group of the
@@ -232,10 +232,11 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
 
 def exit_on_sigterm() -> None:
     """Make SIGTERM end this process the way Ctrl-C does: ``SystemExit`` unwinds the ``with``
-    blocks, so every :class:`Child` is stopped with its whole process group. Without it SIGTERM
-    ends the process at once; the kernel's parent-death signal then reaches only the direct
-    child, and a server that forks (vLLM's engine and worker processes) can outlive it. For
-    scripts that own servers; call it from the main thread."""
+    blocks, so every :class:`Child` is stopped with its whole process group (SIGKILL after the
+    grace). Without it SIGTERM ends the process at once and the children get only the kernel's
+    parent-death SIGTERM, which llama-server and vLLM take as a request for a graceful
+    shutdown: both were seen running on after their script was killed. For scripts that own
+    servers; call it from the main thread."""
     def _exit(signum, frame) -> None:
         raise SystemExit(128 + signum)
     signal.signal(signal.SIGTERM, _exit)

@@ -6,8 +6,7 @@ is the benchmark's to print; this checks only the direction: measured 1.4–1.5�
 threads on 2 cores on 2026-11-23, 0.61–0.93× with torch's own default before it was chosen. Six
 prompts are few: on 2026-11-26, on a quiet machine, eight runs read 1.05–1.29×
 (95 % intervals from 0.82 up to 1.86), so a fixed margin such as 1.1× failed a correct server.
-The test fails when the point estimate is not above 1.0× or when the benchmark's own interval
-says speculation is slower.
+The test fails when the point estimate is not above 1.0×.
 """
 
 from __future__ import annotations
@@ -29,4 +28,4 @@ def test_default_server_speculation_beats_its_baseline_on_held_out_code(tmp_path
     print(run.stdout)
     assert result["threads"] == "default"
     assert result["identical"] == result["prompts"] == 6  # greedy: speculation changes nothing
-    assert result["ratio"] > 1.0 and result["ratio_high"] > 1.0, run.stdout
+    assert result["ratio"] > 1.0, run.stdout  # the interval always holds the estimate
