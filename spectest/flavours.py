@@ -140,7 +140,8 @@ VLLM = Flavour(
     key="vllm", display="vLLM", prefix="vllm:",
     samples=_same_names("vllm:", _SPEC_COUNTERS + (
         N.TTFT, N.ITL, N.TPOT, N.E2E, N.QUEUE, N.PREFILL, N.DECODE, N.RUNNING, N.WAITING,
-        N.KV_USAGE, N.PROMPT_TOKENS, N.GENERATION_TOKENS, N.PREEMPTIONS, N.REQUEST_SUCCESS)),
+        N.KV_USAGE, N.PROMPT_TOKENS, N.GENERATION_TOKENS, N.PREEMPTIONS, N.PREFIX_CACHE_QUERIES,
+        N.PREFIX_CACHE_HITS, N.REQUEST_SUCCESS)),
     labels=("model_name", "engine"), echo_scoring=True, logprob_token_ids="token_id:N",
     tokenize_path="/tokenize", response_stats="metrics.speculative_decoding",
     tokenize_body={"model": MODEL, "prompt": TEXT, "add_special_tokens": True},

@@ -18,6 +18,12 @@ How the target samples, verifies and commits is a rules object chosen once at co
 (``engine.faults``): the exact rules, or — for the auditor's tests — rules with deliberate bugs
 (``EngineConfig.faults``); the round itself has no fault branches.
 
+With ``EngineConfig.prefix_cache_tokens`` a prefill first restores the longest cached prefix of
+the prompt (``engine.prefix_cache``, keyed by the request's ``cache_salt``) and computes only
+the rest. Sampling parameters that depend on the tokens so far (logit bias, penalties) adjust
+the target's logits at every verified position for the history that position sees
+(``engine.penalties``), as the draft adjusts its own.
+
 Does not know: HTTP, Prometheus, OpenTelemetry (observers subscribe to round records and the
 server reads per-request stats from the final output).
 """
@@ -35,8 +41,10 @@ import torch.nn.functional as F
 
 from spectest.engine.control import SpeculationControl, control_for
 from spectest.engine.drafters import Drafter, DraftRow, NoDrafter
-from spectest.engine.faults import FAULTS, rules_for
+from spectest.engine.faults import DEFAULT_FAULT_AFTER, FAULTS, RoundContext, rules_for
+from spectest.engine.penalties import Penalties, apply_penalties, position_counts
 from spectest.engine.policies import Decision, FixedK, KPolicy
+from spectest.engine.prefix_cache import PrefixCache
 from spectest.engine.requests import (GenerationRequest, RequestOutput, RequestStats,
                                       RoundRecord, RowRecord, TokenLogprob)
 from spectest.engine.sampling import probs_from_logits, sample_from
@@ -54,6 +62,8 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     faults: frozenset[str] = frozenset()  # names of engine.faults.FAULTS: deliberate bugs
     lossy_threshold: float = 0.1
+    fault_after: int = DEFAULT_FAULT_AFTER  # requests before decay-after-requests starts
+    prefix_cache_tokens: int = 0  # prompt KV kept for reuse (0: no prefix caching)
 
     def __post_init__(self):
         unknown = set(self.faults) - set(FAULTS)
@@ -83,9 +93,12 @@ class SpecEngine:
         # an EAGLE-style drafter reads the target's final-norm hidden states (engine.eagle)
         self.feeds_features = bool(getattr(drafter, "wants_features", False))
         self.rounds = 0
+        self.served = 0  # requests finished (for the decay-after-requests fault)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self.rules = rules_for(config.faults, config.lossy_threshold)
+        self.rules = rules_for(config.faults, config.lossy_threshold, config.fault_after)
+        self.prefix = (PrefixCache(config.prefix_cache_tokens)
+                       if config.prefix_cache_tokens else None)
 
     # --- public API ------------------------------------------------------------------------
     def submit(self, request: GenerationRequest, on_output: OutputCallback) -> None:
@@ -162,21 +175,42 @@ class SpecEngine:
     # --- the target's sampling -----------------------------------------------------------
     def _pick(self, seq: Sequence, logits: torch.Tensor) -> int:
         """The target's token from one position's logits [V] (prefill's first token)."""
-        if seq.request.params.greedy:
+        params = seq.request.params
+        pen = self.rules.target_penalties(self._penalties([seq]))
+        if pen is not None:
+            logits = apply_penalties(logits[None, None], pen, pen.output_counts[:, None])[0, 0]
+        if params.greedy:
             return int(logits.argmax())
-        temperature, top_k, top_p = self.rules.target_side([seq.request.params])
-        probs = probs_from_logits(logits[None, None], temperature, top_k, top_p)[0]  # [1, V]
+        probs = probs_from_logits(logits[None, None],
+                                  *self.rules.target_side([params]))[0]  # [1, V]
         return int(sample_from(probs, torch.rand(1, generator=seq.generator)))
+
+    def _penalties(self, seqs: list[Sequence]) -> Penalties | None:
+        """The requests' logit bias and penalties for their committed tokens (None: none)."""
+        return Penalties.of([s.request.params for s in seqs], [s.tokens for s in seqs],
+                            [s.prompt_len for s in seqs], self.tokenizer.vocab_size)
 
     # --- prefill ---------------------------------------------------------------------------
     def _prefill(self, seq: Sequence) -> None:
         t0 = time.perf_counter()
         req = seq.request
         self.cache.reset(seq.slot)
-        ids = torch.tensor([req.prompt_ids])
+        cached = self.prefix is not None and not req.prompt_logprobs
+        blocks = self.prefix.match(req.cache_salt, req.prompt_ids) if cached else []
+        hit = len(blocks) * self.prefix.block if blocks else 0
+        if hit:
+            PrefixCache.restore(self.cache, seq.slot, blocks,
+                                self.rules.restored(hit, req.speculative, self.prefix.block))
+        seq.cached_tokens = hit
+        ids = torch.tensor([req.prompt_ids[hit:]])
         out = self.target(ids, self.cache, torch.tensor([seq.slot]),
                           last_only=not req.prompt_logprobs, with_hidden=self.feeds_features)
         logits = (out[0] if self.feeds_features else out)[0]  # [T or 1, V]
+        hidden = out[1][0] if self.feeds_features else None  # [T - hit, D]
+        if hit and hidden is not None:
+            hidden = torch.cat([PrefixCache.hidden(blocks), hidden])  # [T, D]
+        if cached:
+            self.prefix.store(req.cache_salt, req.prompt_ids, self.cache, seq.slot, hidden)
         prompt_lps = None
         if req.prompt_logprobs:
             logprobs = F.log_softmax(logits[:-1].float(), dim=-1)  # [T-1, V]
@@ -194,7 +228,7 @@ class SpecEngine:
         else:  # no draft prefill; the drafter catches up if speculation comes back on
             self.drafter.release(seq.slot)
         if self.feeds_features:  # the prompt's hidden states [T, D], for an EAGLE head
-            self.drafter.add_features(seq.slot, out[1][0])
+            self.drafter.add_features(seq.slot, hidden)
         lps = None
         if req.logprobs is not None:
             lps = (self._logprob(F.log_softmax(logits[-1].float(), -1), first, req.logprobs),)
@@ -218,9 +252,9 @@ class SpecEngine:
             if not p.greedy:  # fixed draw count per round → reproducible from the seed
                 sampled_u[i] = torch.rand(2 * decision.k + 1, generator=seq.generator)
             if k > 0:
-                rows.append(DraftRow(seq.slot, seq.tokens, k, p.greedy, p.temperature,
-                                     p.top_k, p.top_p,
-                                     sampled_u[i][:decision.k] if i in sampled_u else None))
+                rows.append(DraftRow(seq.slot, seq.tokens, k, p,
+                                     sampled_u[i][:decision.k] if i in sampled_u else None,
+                                     seq.prompt_len))
                 row_of.append(i)
 
         t0 = time.perf_counter()
@@ -249,7 +283,8 @@ class SpecEngine:
 
         # bookkeeping: the tensors cross to Python once, not one element at a time per row
         n_prev = torch.tensor([len(s.tokens) for s in seqs])
-        self.cache.lengths[slots] = self.rules.committed(start, K, n_prev, n_acc)
+        self.cache.lengths[slots] = self.rules.committed(start, K, n_prev, n_acc,
+                                                         RoundContext(self.served, lens))
         accepted, proposed, bonus_tok = n_acc.tolist(), lens.tolist(), nxt.tolist()
         draft_ids = drafts.tolist()
         row_records, outputs = [], []
@@ -300,6 +335,9 @@ class SpecEngine:
         B, K = drafts.shape
         n_acc = torch.zeros(B, dtype=torch.long)
         nxt = torch.zeros(B, dtype=torch.long)
+        pen = self.rules.target_penalties(self._penalties(seqs), lens)
+        if pen is not None:  # position j sees the committed tokens and drafts[:, :j]
+            logits = apply_penalties(logits, pen, position_counts(pen.output_counts, drafts))
         greedy = self.rules.greedy_rows([s.request.params for s in seqs])
         if bool(greedy.any()):
             g = greedy.nonzero().flatten()
@@ -375,6 +413,8 @@ class SpecEngine:
         return len(kept), out
 
     def _release(self, seq: Sequence) -> None:
+        if not seq.finished:
+            self.served += 1
         self.scheduler.finish(seq)
         if seq.slot >= 0:
             self.cache.reset(seq.slot)
@@ -396,4 +436,5 @@ class SpecEngine:
             decode_time=(seq.last_token_at or first) - first, e2e=now - seq.arrival,
             drafts=seq.drafts, draft_tokens=seq.draft_tokens,
             accepted_tokens=seq.accepted_tokens, accepted_per_pos=tuple(seq.accepted_per_pos),
-            speculative=seq.request.speculative, steps=tuple(seq.steps))
+            speculative=seq.request.speculative, steps=tuple(seq.steps),
+            cached_tokens=seq.cached_tokens)

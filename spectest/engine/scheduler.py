@@ -60,6 +60,7 @@ class Sequence:
     text: str = ""
     decoder: object = None
     generator: torch.Generator | None = None
+    cached_tokens: int = 0  # prompt tokens restored from the prefix cache at admission
 
     @property
     def prompt_len(self) -> int:
