@@ -150,6 +150,7 @@ def build_engine(target: str | Path = "embedded", draft: str | Path | None = "au
                  policy_options: PolicyOptions | None = None,
                  drafter_instance: Drafter | None = None,
                  quantize: str = "auto", prefix_cache_mb: float = 0.0,
+                 kv_budget_tokens: int | None = None,
                  fault_after: int = DEFAULT_FAULT_AFTER) -> SpecEngine:
     """``draft``: a checkpoint, or ``auto`` (None) for the target's companion draft;
     ``max_model_len``: KV positions per sequence (default: the context the target was trained
@@ -161,8 +162,10 @@ def build_engine(target: str | Path = "embedded", draft: str | Path | None = "au
     policy's bounds);
     ``drafter_instance``: a drafter built by the caller (e.g. one in another process) instead
     of ``drafter`` / ``draft``; ``prefix_cache_mb``: memory for the prompt KV kept for reuse by
-    later prompts (0: no prefix caching); ``fault_after``: when the decay-after-requests fault
-    starts."""
+    later prompts (0: no prefix caching); ``kv_budget_tokens``: KV positions the running
+    sequences may hold together, admitting on what each holds and preempting the newest when
+    they outgrow it (None: each reserves its worst case, never preempted); ``fault_after``:
+    when the decay-after-requests fault starts."""
     target_model = load_checkpoint(resolve_model_path(target))
     max_model_len = max_model_len or target_model.model.config.max_position_embeddings
     int8 = should_quantize(quantize, target_model.model)
@@ -183,7 +186,8 @@ def build_engine(target: str | Path = "embedded", draft: str | Path | None = "au
     k_limit = max(policy.k_max if policy else 8, k_reserve)
     policy = policy or make_policy("fixed", k=4)
     cfg = EngineConfig(SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-                                       max_waiting=max_waiting, spec_slots=k_limit + 1),
+                                       max_waiting=max_waiting, spec_slots=k_limit + 1,
+                                       kv_budget_tokens=kv_budget_tokens),
                        faults=faults, fault_after=fault_after,
                        prefix_cache_tokens=prefix_tokens(target_model.model.config,
                                                          prefix_cache_mb))

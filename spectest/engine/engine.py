@@ -127,7 +127,9 @@ class SpecEngine:
             self._thread = None
 
     def kv_usage(self) -> float:
-        return self.cache.used_positions() / (self.cache.n_slots * self.cache.max_len)
+        """Positions in use over what the running sequences may hold (the budget, if set)."""
+        room = min(self.cache.n_slots * self.cache.max_len, self.config.scheduler.budget)
+        return self.cache.used_positions() / room
 
     def run_until_idle(self) -> None:
         """Step on the caller's thread until nothing is queued or running (no thread mode)."""
@@ -148,11 +150,14 @@ class SpecEngine:
         if change is not None:
             self.speculating = change.new.enabled
             self.policy = change.policy or self.policy
-        admitted, cancelled = self.scheduler.schedule()
+        admitted, cancelled, preempted = self.scheduler.schedule()
         for seq in cancelled:
             self._release(seq)
             seq.on_output(RequestOutput(seq.request.request_id, (), "", finished=True,
                                         finish_reason="abort", stats=self._stats(seq)))
+        for seq in preempted:  # back in the queue: its KV goes, its tokens stay
+            self.cache.reset(seq.slot)
+            self.drafter.release(seq.slot)
         for seq in admitted:
             try:
                 self._prefill(seq)
@@ -170,7 +175,7 @@ class SpecEngine:
                 for seq in running:
                     if not seq.finished:
                         self._finish(seq, "error", error=f"engine round failed: {exc}")
-        return bool(admitted or cancelled or running)
+        return bool(admitted or cancelled or preempted or running)
 
     # --- the target's sampling -----------------------------------------------------------
     def _pick(self, seq: Sequence, logits: torch.Tensor) -> int:
@@ -192,47 +197,70 @@ class SpecEngine:
 
     # --- prefill ---------------------------------------------------------------------------
     def _prefill(self, seq: Sequence) -> None:
+        """Compute the prompt into the slot's cache and emit the first token; or, for a
+        sequence back from preemption, recompute every token it has but the last (the next
+        round's first input) and emit nothing."""
         t0 = time.perf_counter()
         req = seq.request
-        self.cache.reset(seq.slot)
-        cached = self.prefix is not None and not req.prompt_logprobs
-        blocks = self.prefix.match(req.cache_salt, req.prompt_ids) if cached else []
-        hit = len(blocks) * self.prefix.block if blocks else 0
-        if hit:
-            PrefixCache.restore(self.cache, seq.slot, blocks,
-                                self.rules.restored(hit, req.speculative, self.prefix.block))
-        seq.cached_tokens = hit
-        ids = torch.tensor([req.prompt_ids[hit:]])
-        out = self.target(ids, self.cache, torch.tensor([seq.slot]),
-                          last_only=not req.prompt_logprobs, with_hidden=self.feeds_features)
+        resume = seq.resume
+        ids = tuple(seq.tokens[:-1]) if resume else req.prompt_ids
+        out, hidden = self._fill(seq, ids, req.prompt_logprobs and not resume)
+        seq.prefill_seconds += time.perf_counter() - t0
+        if resume:
+            seq.resume = False
+            self._admit_drafter(seq, ids, hidden)
+            return
         logits = (out[0] if self.feeds_features else out)[0]  # [T or 1, V]
-        hidden = out[1][0] if self.feeds_features else None  # [T - hit, D]
-        if hit and hidden is not None:
-            hidden = torch.cat([PrefixCache.hidden(blocks), hidden])  # [T, D]
-        if cached:
-            self.prefix.store(req.cache_salt, req.prompt_ids, self.cache, seq.slot, hidden)
         prompt_lps = None
         if req.prompt_logprobs:
             logprobs = F.log_softmax(logits[:-1].float(), dim=-1)  # [T-1, V]
             prompt_lps = (None,) + tuple(
                 self._logprob(logprobs[i], req.prompt_ids[i + 1], req.logprobs or 0)
                 for i in range(len(req.prompt_ids) - 1))
-        seq.prefill_seconds = time.perf_counter() - t0
         if req.params.max_tokens == 0:
             seq.on_output(RequestOutput(req.request_id, (), "", prompt_logprobs=prompt_lps))
             self._finish(seq, "length")
             return
         first = self._pick(seq, logits[-1])
-        if self.speculating:
-            self.drafter.admit(seq.slot, list(req.prompt_ids))
-        else:  # no draft prefill; the drafter catches up if speculation comes back on
-            self.drafter.release(seq.slot)
-        if self.feeds_features:  # the prompt's hidden states [T, D], for an EAGLE head
-            self.drafter.add_features(seq.slot, hidden)
+        self._admit_drafter(seq, req.prompt_ids, hidden)
         lps = None
         if req.logprobs is not None:
             lps = (self._logprob(F.log_softmax(logits[-1].float(), -1), first, req.logprobs),)
         seq.on_output(self._emit(seq, [first], lps, prompt_lps)[1])
+
+    def _fill(self, seq: Sequence, ids: tuple[int, ...], prompt_logprobs: bool):
+        """Run the target over ``ids`` into the slot's (emptied) cache, restoring the longest
+        cached prefix first where the prefix cache holds one. Returns the model's output (the
+        last position's logits, or every position's for ``prompt_logprobs``) and the hidden
+        states of all of ``ids`` [T, D] (None unless an EAGLE drafter reads them)."""
+        req = seq.request
+        self.cache.reset(seq.slot)
+        cached = self.prefix is not None and not prompt_logprobs
+        blocks = self.prefix.match(req.cache_salt, ids) if cached else []
+        hit = len(blocks) * self.prefix.block if blocks else 0
+        if hit:
+            PrefixCache.restore(self.cache, seq.slot, blocks,
+                                self.rules.restored(hit, req.speculative, self.prefix.block))
+        if ids is req.prompt_ids:
+            seq.cached_tokens = hit
+        out = self.target(torch.tensor([ids[hit:]]), self.cache, torch.tensor([seq.slot]),
+                          last_only=not prompt_logprobs, with_hidden=self.feeds_features)
+        hidden = out[1][0] if self.feeds_features else None  # [T - hit, D]
+        if hit and hidden is not None:
+            hidden = torch.cat([PrefixCache.hidden(blocks), hidden])  # [T, D]
+        if cached:
+            self.prefix.store(req.cache_salt, ids, self.cache, seq.slot, hidden)
+        return out, hidden
+
+    def _admit_drafter(self, seq: Sequence, ids, hidden) -> None:
+        """The drafter takes the sequence on with ``ids`` computed (all its tokens but the
+        last); while speculation is off it skips that, and catches up when it comes back."""
+        if self.speculating:
+            self.drafter.admit(seq.slot, list(ids))
+        else:
+            self.drafter.release(seq.slot)
+        if self.feeds_features:  # the hidden states of ``ids`` [T, D], for an EAGLE head
+            self.drafter.add_features(seq.slot, hidden)
 
     # --- one round -------------------------------------------------------------------------
     def _round(self, seqs: list[Sequence]) -> None:
@@ -437,4 +465,4 @@ class SpecEngine:
             drafts=seq.drafts, draft_tokens=seq.draft_tokens,
             accepted_tokens=seq.accepted_tokens, accepted_per_pos=tuple(seq.accepted_per_pos),
             speculative=seq.request.speculative, steps=tuple(seq.steps),
-            cached_tokens=seq.cached_tokens)
+            cached_tokens=seq.cached_tokens, preemptions=seq.preemptions)

@@ -87,6 +87,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="memory for prompt KV reused by later prompts that share a prefix "
                         "(blocks of 16 tokens, keyed by the request's cache_salt; 0: off; "
                         "default 256)")
+    p.add_argument("--kv-budget-tokens", type=int, default=None,
+                   help="KV positions the running requests may hold together: requests are "
+                        "admitted on what they hold and the newest is preempted (recomputed "
+                        "later) when they outgrow it, as vLLM does with a full KV cache "
+                        "(default: each request reserves its worst case and none is "
+                        "preempted)")
     p.add_argument("--max-waiting", type=int, default=64,
                    help="queue bound; beyond it requests get 429 with Retry-After")
     p.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY")
@@ -157,7 +163,7 @@ def build_server(args) -> Server:
                           ngram_max=args.ngram_max, ngram_min=args.ngram_min,
                           k_reserve=k_limit, policy_options=runtime, drafter_instance=remote,
                           quantize=args.quantize, prefix_cache_mb=args.prefix_cache_mb,
-                          fault_after=args.fault_after)
+                          kv_budget_tokens=args.kv_budget_tokens, fault_after=args.fault_after)
     if remote is not None:  # refuses a draft server whose tokenizer differs from the target's
         info = remote.connect(engine.tokenizer.fingerprint)
         if info.quantization != engine.target.quantization:
