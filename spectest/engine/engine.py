@@ -366,7 +366,7 @@ class SpecEngine:
         pen = self.rules.target_penalties(self._penalties(seqs), lens)
         if pen is not None:  # position j sees the committed tokens and drafts[:, :j]
             logits = apply_penalties(logits, pen, position_counts(pen.output_counts, drafts))
-        greedy = self.rules.greedy_rows([s.request.params for s in seqs])
+        greedy = self.rules.greedy_rows([s.request.params for s in seqs], lens)
         if bool(greedy.any()):
             g = greedy.nonzero().flatten()
             n_acc[g], nxt[g] = verify_greedy(drafts[g], lens[g], logits[g])
@@ -425,12 +425,7 @@ class SpecEngine:
         seq.last_token_at = now
         text = seq.decoder.delta(seq.tokens[seq.prompt_len:])
         if p.stop:
-            full = seq.text + text
-            hits = [full.find(s, max(0, len(seq.text) - len(s))) for s in p.stop]
-            hits = [h for h in hits if h >= 0]
-            if hits:
-                text = full[:min(hits)][len(seq.text):]
-                reason = "stop"
+            text, reason = _stop_strings(seq, text, p.stop, reason)
         seq.text += text
         out = RequestOutput(seq.request.request_id, tuple(kept), text, lps, prompt_lps,
                             finished=reason is not None, finish_reason=reason)
@@ -466,3 +461,23 @@ class SpecEngine:
             accepted_tokens=seq.accepted_tokens, accepted_per_pos=tuple(seq.accepted_per_pos),
             speculative=seq.request.speculative, steps=tuple(seq.steps),
             cached_tokens=seq.cached_tokens, preemptions=seq.preemptions)
+
+
+def _stop_strings(seq: Sequence, text: str, stops: tuple[str, ...],
+                  reason: str | None) -> tuple[str, str | None]:
+    """The text to emit now and the finish reason, with ``stops`` applied: output ends just
+    before the first stop string, and text that could still turn out to begin one is held
+    back (``seq.held``) until it does not — else a stop string split over two rounds would
+    leak its first characters (one token a round does that; a round of several tokens, not)."""
+    full = seq.held + text  # nothing emitted before this can begin a stop string
+    hits = [i for i in (full.find(stop) for stop in stops) if i >= 0]
+    if hits:
+        seq.held = ""
+        return full[:min(hits)], "stop"
+    if reason is not None:  # finished otherwise: what was held goes out
+        seq.held = ""
+        return full, reason
+    hold = max((k for stop in stops for k in range(1, min(len(stop), len(full) + 1))
+                if full.endswith(stop[:k])), default=0)
+    seq.held = full[len(full) - hold:] if hold else ""
+    return full[:len(full) - hold], None

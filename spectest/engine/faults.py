@@ -98,7 +98,9 @@ class ExactRules:
         ``drafted`` [B]: drafts each row verifies this round (None: a prefill)."""
         return penalties
 
-    def greedy_rows(self, params: Sequence[SamplingParams]) -> torch.Tensor:
+    def greedy_rows(self, params: Sequence[SamplingParams],
+                    drafted: torch.Tensor | None = None) -> torch.Tensor:
+        """Which rows verify by greedy matching [B] (``drafted`` [B]: drafts per row)."""
         return torch.tensor([p.greedy for p in params])
 
     def verify_sampled(self, drafts, lens, draft_probs, target_probs, accept_u, sample_u):
@@ -145,11 +147,13 @@ class FaultyRules(ExactRules):
                                      penalties.repetition),
                          penalties.output_counts, penalties.in_prompt)
 
-    def greedy_rows(self, params: Sequence[SamplingParams]) -> torch.Tensor:
+    def greedy_rows(self, params, drafted=None):
         greedy = super().greedy_rows(params)
-        if "greedy-verify-sampled" in self.faults or (
-                "mixed-batch-greedy" in self.faults and bool(greedy.any())):
+        if "greedy-verify-sampled" in self.faults:
             return torch.ones(len(params), dtype=torch.bool)
+        if "mixed-batch-greedy" in self.faults and bool(greedy.any()):
+            spec = drafted > 0 if drafted is not None else torch.ones_like(greedy)
+            return greedy | spec  # the rows that verify drafts take the greedy rows' rule
         return greedy
 
     def verify_sampled(self, drafts, lens, draft_probs, target_probs, accept_u, sample_u):

@@ -69,7 +69,8 @@ class Sequence:
     accepted_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
     steps: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) a round
-    text: str = ""
+    text: str = ""  # emitted so far
+    held: str = ""  # decoded but not emitted: it may begin a stop string
     decoder: object = None
     generator: torch.Generator | None = None
     cached_tokens: int = 0  # prompt tokens restored from the prefix cache at admission

@@ -157,6 +157,8 @@ class Server:
         return web.json_response({"object": "list", "data": [{
             "id": self.config.model_name, "object": "model", "created": self.created,
             "owned_by": "spectest", "max_model_len": self.engine.config.scheduler.max_model_len,
+            "max_num_seqs": self.engine.config.scheduler.max_num_seqs,
+            "kv_budget_tokens": self.engine.config.scheduler.budget,
             "drafter": self.engine.drafter.name}]})
 
     @cached_property
