@@ -103,6 +103,9 @@ class Flavour:
     # (path, dotted JSON key) of a request's context length where /v1/models does not say it
     # (``max_model_len`` there: vLLM, spectest): llama.cpp's per-slot n_ctx
     context_probe: tuple[str, str] = ()
+    # (info metric, label) whose label value is the KV cache's size in tokens, where the
+    # server says it on /metrics (vLLM's cache_config_info); spectest says it in /v1/models
+    kv_size_label: tuple[str, str] = ()
     # Scoring by generation, many positions a request: the request field that constrains the
     # output to a given text ("grammar": llama.cpp's GBNF). With it the baseline generates the
     # candidate's own continuation greedily under the constraint, reporting its unconstrained
@@ -161,6 +164,7 @@ VLLM = Flavour(
     labels=("model_name", "engine"), echo_scoring=True, logprob_token_ids="token_id:N",
     tokenize_path="/tokenize", response_stats="metrics.speculative_decoding",
     cache_salt_field="cache_salt", detokenize_path="/detokenize",
+    kv_size_label=("vllm:cache_config_info", "kv_cache_size_tokens"),
     tokenize_body={"model": MODEL, "prompt": TEXT, "add_special_tokens": True},
     stats_flag="--per-request-spec-decode-metrics summary",
     deployment_labels=("model_name",), deployment_text=_MODEL_LABEL, alert_prefix="Vllm",

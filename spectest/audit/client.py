@@ -168,6 +168,19 @@ class Client:
             return None
         return sum(values) if values else None
 
+    async def label(self, metric: str, label: str) -> str | None:
+        """The value of ``label`` on the first series of ``metric`` on ``/metrics`` (an info
+        metric's fact, such as vLLM's KV cache size), or None."""
+        text = await self.get_text("/metrics")
+        try:
+            for fam in text_string_to_metric_families(text or ""):
+                for sample in fam.samples:
+                    if sample.name == metric and label in sample.labels:
+                        return sample.labels[label]
+        except ValueError:
+            return None
+        return None
+
     async def get_text(self, path: str) -> str | None:
         """A plain GET (``/metrics``); None when it is not there."""
         try:

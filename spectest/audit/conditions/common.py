@@ -258,6 +258,26 @@ async def revive(ctx: Context) -> bool:
     return False
 
 
+async def context_length(client: Client) -> int | None:
+    """The server's context per request, where it says (``max_model_len`` in ``/v1/models``:
+    vLLM, spectest; the flavour's ``context_probe``: llama.cpp's per-slot ``n_ctx``)."""
+    flavour = client.routes.flavour
+    if flavour is not None and flavour.context_probe:
+        path, keys = flavour.context_probe
+        try:
+            value = await client.call("GET", path)
+            for key in keys.split("."):
+                value = value.get(key) if isinstance(value, dict) else None
+            if isinstance(value, int):
+                return value
+        except AuditError:
+            pass
+    for model in await client.models():
+        if model.get("id") == client.model and isinstance(model.get("max_model_len"), int):
+            return model["max_model_len"]
+    return None
+
+
 def timed(fn: Callable[[Context, ConditionResult], Awaitable[None]]):
     """A condition's body, timed, with the dead-candidate and could-not-run rules applied."""
     async def run(ctx: Context, result: ConditionResult) -> ConditionResult:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 
-from spectest.audit.background import Background
+from spectest.audit.background import SETTINGS, Background
 from spectest.audit.client import Client
 from spectest.audit.conditions.common import (CheckResult, ConditionResult, Context, FAIL,
                                               greedy_runs, guarded, judge_greedy,
@@ -41,7 +41,9 @@ async def run(ctx: Context, result: ConditionResult) -> None:
     records = load_records("mixed", 10**6, s.seed + 1)
     client = Client(ctx.cand.endpoint, s.load_concurrency, s.timeout)
     client.routes, client.model = ctx.cand.routes, ctx.cand.model
-    async with client, Background(client, records, s.load_concurrency, s.seed) as bg:
+    settings = background_settings(ctx.avoid)
+    async with client, Background(client, records, s.load_concurrency, s.seed,
+                                  settings=settings) as bg:
         await bg.wait_for(WARMUP_ROUNDS * s.load_concurrency, timeout=s.timeout)
         before = bg.served.done
         recipe = bg.recipe()
@@ -60,7 +62,7 @@ async def run(ctx: Context, result: ConditionResult) -> None:
         alongside = bg.served.done - before
         served = bg.served
     if served.failed is not None:  # a background request the candidate failed
-        found = await confirm(served.failed, client, ctx.base, "load (background request)")
+        found = await confirm(served.failed, ctx.cand, ctx.base, "load (background request)")
         ctx.failures.append(found)
         path = ctx.saver.serving("load", found, served.failed.path, served.failed.body)
         result.checks.append(CheckResult("serving", FAIL, found.summary(), reproducer=path))
@@ -77,6 +79,15 @@ async def run(ctx: Context, result: ConditionResult) -> None:
     reached = alongside >= s.load_concurrency and (not gauge or max(gauge) > 1)
     result.settle(reached, "the background traffic did not overlap the audited requests "
                            f"({alongside} background requests alongside)")
+
+
+def background_settings(avoid) -> tuple[dict, ...]:
+    """The background's sampling settings less what is known to break the candidate (its
+    death would end the condition, not tell more)."""
+    if "temperature" in avoid:
+        return ({"temperature": 0.0},)
+    kept = [{k: v for k, v in one.items() if k not in avoid} for one in SETTINGS]
+    return tuple(one for i, one in enumerate(kept) if one not in kept[:i])
 
 
 def acceptance_trend(spec: list[tuple[int, int]]) -> str:

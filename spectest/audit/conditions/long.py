@@ -24,10 +24,10 @@ import asyncio
 
 from spectest.audit import scoring
 from spectest.audit.client import Client
-from spectest.audit.conditions.common import (ConditionResult, Context, greedy_runs, guarded,
-                                              judge_greedy, timed)
+from spectest.audit.conditions.common import (ConditionResult, Context, context_length,
+                                              greedy_runs, guarded, judge_greedy, timed)
 from spectest.audit.prompts import head, load_records, render
-from spectest.audit.samples import AuditError, PromptCase
+from spectest.audit.samples import PromptCase
 
 TITLE = "long: long outputs, long prompts and multi-turn histories (positions past 256)"
 DEEP = 256  # the position the condition is meant to pass
@@ -35,26 +35,6 @@ SHORT_TOKENS = 64  # continuation of a long prompt
 REPLY_TOKENS = 96  # each baseline reply of the multi-turn history
 FINAL_TOKENS = 128  # the last answer, compared
 MARGIN = 32  # context positions kept free (speculative slots)
-
-
-async def context_length(client: Client) -> int | None:
-    """The server's context per request, where it says (``max_model_len`` in ``/v1/models``:
-    vLLM, spectest; the flavour's ``context_probe``: llama.cpp's per-slot ``n_ctx``)."""
-    flavour = client.routes.flavour
-    if flavour is not None and flavour.context_probe:
-        path, keys = flavour.context_probe
-        try:
-            value = await client.call("GET", path)
-            for key in keys.split("."):
-                value = value.get(key) if isinstance(value, dict) else None
-            if isinstance(value, int):
-                return value
-        except AuditError:
-            pass
-    for model in await client.models():
-        if model.get("id") == client.model and isinstance(model.get("max_model_len"), int):
-            return model["max_model_len"]
-    return None
 
 
 @timed
