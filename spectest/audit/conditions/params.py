@@ -92,6 +92,7 @@ async def _rung(ctx: Context, result: ConditionResult, rung: Rung, cases, plain)
     fields = dict(rung.fields) or ({"logit_bias": _bias(plain)} if rung.name == "logit_bias"
                                    else {})
     tag = f" ({rung.name})"
+    window = ctx.cand.routes.flavour.penalty_window if ctx.cand.routes.flavour else 0
     if rung.greedy:
         runs = await _refused(ctx, result, rung.name, greedy_runs(
             ctx, cases, 2 * s.params_tokens, fields=fields, desc=f"params: {rung.name}"))
@@ -104,7 +105,8 @@ async def _rung(ctx: Context, result: ConditionResult, rung: Rung, cases, plain)
                                              f"with {rung.name} (it ignores it?)"))
         else:
             result.checks += judge_greedy(ctx, f"params ({rung.name})", cases, runs, tag=tag,
-                                          retie=lambda c, x, d: _margin(ctx, c, x, d, fields))
+                                          retie=lambda c, x, d: _margin(window, c, x, d,
+                                                                        fields))
     if rung.spec is not None and "distribution" in s.checks and not ctx.dead:
         spec = rung.spec if "top_k" not in ctx.avoid or rung.spec.top_k <= 0 else \
             replace(rung.spec, top_k=0)
@@ -133,14 +135,14 @@ def _bias(plain) -> dict[str, float]:
     return {str(t): -100.0 for t, _ in counts.most_common(3)}
 
 
-def _margin(ctx: Context, case: PromptCase, cand, d, fields: Mapping) -> float | None:
+def _margin(window: int, case: PromptCase, cand, d, fields: Mapping) -> float | None:
     """The divergence's margin as the server decided it: the raw logprob margin plus what
-    the bias and penalties did to the two tokens at that position (a repetition penalty can
-    only be bounded: the margin is divided by it, the conservative end)."""
+    the bias and penalties did to the two tokens at that position, counting the last
+    ``window`` generated tokens (0: all; llama.cpp counts 64) — a repetition penalty can only
+    be bounded: the margin is divided by it, the conservative end."""
     if d.margin is None or d.candidate_token is None or d.baseline_token is None:
         return None
     b, c = d.baseline_token, d.candidate_token
-    window = ctx.cand.routes.flavour.penalty_window if ctx.cand.routes.flavour else 0
     out = list(cand.tokens[:d.index])[-window:] if window else list(cand.tokens[:d.index])
     counts = Counter(out)
     bias = {int(k): v for k, v in (fields.get("logit_bias") or {}).items()}
