@@ -32,6 +32,7 @@ import asyncio
 import json
 import math
 import sys
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -40,12 +41,14 @@ from pathlib import Path
 from spectest.audit import collect, distribution_check, logprobs, mmd, scoring
 from spectest.audit.client import Client, Endpoint, first_choice
 from spectest.audit.distribution import SamplingSpec
+from spectest.audit.failures import answers
 from spectest.audit.samples import (AuditError, Completion, PromptCase, ServerFailure,
                                     parse_logprobs)
 
 REPRODUCED, NOT_REPRODUCED, COULD_NOT_RUN = 1, 0, 2
 ALPHA = 0.01  # a replayed sampled finding reproduces when its test fails at this level
 SUPPORT_TOLERANCE = 1e-4
+BACKGROUND_SECONDS = 90  # how long a death on background traffic is given to come again
 KINDS = ("greedy", "logprobs", "text", "serving", "distribution")
 
 
@@ -237,6 +240,15 @@ async def _text(doc, cand: Client, base: Client, models) -> Replayed:
 
 async def _serving(doc, cand: Client, base: Client, models) -> Replayed:
     path, body = doc["request"]["path"], doc["request"]["candidate"]
+    if body is None and doc.get("background"):  # it died on the traffic itself
+        deadline = time.monotonic() + BACKGROUND_SECONDS
+        while time.monotonic() < deadline:
+            await asyncio.sleep(2.0)
+            if not await answers(cand):
+                return Replayed(REPRODUCED, (doc["finding"], "  the candidate stopped "
+                                             "answering while it served the traffic again"))
+        return Replayed(NOT_REPRODUCED, (doc["finding"], f"  the candidate served the "
+                                         f"traffic for {BACKGROUND_SECONDS} s"))
     if body is None:
         return Replayed(COULD_NOT_RUN, (doc["finding"], "the failed request was not recorded"))
     try:

@@ -105,6 +105,12 @@ class Saver:
                            request={"path": PATH, "candidate": cand_body,
                                     "baseline": base_body}, observed={})
 
+    def background(self, condition: str, finding: str, background: Mapping) -> str:
+        """The candidate died on the traffic itself: the traffic is the reproducer."""
+        return self._write(condition, "serving", finding, background=background,
+                           request={"path": PATH, "candidate": None, "baseline": None},
+                           observed={"error": finding})
+
     def serving(self, condition: str, failure, path: str, body: Mapping | None) -> str:
         return self._write(condition, "serving", failure.summary(),
                            request={"path": path, "candidate": body, "baseline": None},

@@ -89,6 +89,7 @@ class Context:
     avoid: dict[str, str] = field(default_factory=dict)  # setting → the finding it broke in
     failures: list[failures.CandidateFailure] = field(default_factory=list)
     restart: procs.Child | None = None  # the last --candidate-restart command started
+    restarts: int = 0
     dead: str = ""  # set when the candidate is gone for good: what is left is not run
 
     def sampling(self) -> SamplingSpec | None:
@@ -242,7 +243,8 @@ async def revive(ctx: Context) -> bool:
     if command:
         if ctx.restart is not None:
             ctx.restart.stop()
-        log = Path(ctx.s.out) / "candidate-restart.log"
+        ctx.restarts += 1
+        log = Path(ctx.s.out) / f"candidate-restart-{ctx.restarts}.log"
         ctx.restart = procs.Child(["/bin/sh", "-c", command], name="--candidate-restart",
                                   log_path=log).start()
     deadline = time.monotonic() + ctx.s.revive_timeout

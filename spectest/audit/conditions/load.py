@@ -18,15 +18,18 @@ Does not know: the statistics (``conditions.common``) or report files.
 
 from __future__ import annotations
 
+import asyncio
 import math
+import time
 
 from spectest.audit.background import SETTINGS, Background
 from spectest.audit.client import Client
-from spectest.audit.conditions.common import (CheckResult, ConditionResult, Context, FAIL,
-                                              greedy_runs, guarded, judge_greedy,
+from spectest.audit.conditions.common import (FAIL, CheckResult, ConditionResult, Context,
+                                              greedy_runs, guarded, judge_greedy, revive,
                                               sampled_check, timed)
-from spectest.audit.failures import confirm
+from spectest.audit.failures import CandidateFailure, answers, confirm
 from spectest.audit.prompts import load_records
+from spectest.telemetry import names as N
 
 TITLE = ("under load: the audited requests verified inside batches the candidate shares with "
          "background workload traffic")
@@ -61,6 +64,16 @@ async def run(ctx: Context, result: ConditionResult) -> None:
                 result.checks.append(check)
         alongside = bg.served.done - before
         served = bg.served
+    await _drained(ctx)
+    if served.failed is None and not ctx.dead and not await answers(ctx.cand):
+        # it died on background requests still running when the audit let go of them
+        found = CandidateFailure("load (background traffic)", {}, "stopped answering while "
+                                 "it finished the background requests", "served the same "
+                                 "traffic", alive_after=False)
+        ctx.failures.append(found)
+        path = ctx.saver.background("load", found.summary(), recipe)
+        result.checks.append(CheckResult("serving", FAIL, found.summary(), reproducer=path))
+        await revive(ctx)
     if served.failed is not None:  # a background request the candidate failed
         found = await confirm(served.failed, ctx.cand, ctx.base, "load (background request)")
         ctx.failures.append(found)
@@ -79,6 +92,18 @@ async def run(ctx: Context, result: ConditionResult) -> None:
     reached = alongside >= s.load_concurrency and (not gauge or max(gauge) > 1)
     result.settle(reached, "the background traffic did not overlap the audited requests "
                            f"({alongside} background requests alongside)")
+
+
+async def _drained(ctx: Context, timeout: float = 60.0) -> None:
+    """Until the candidate has finished the background requests the audit let go of (its
+    running-requests gauge at 0), so that what they do to it shows here, not in the next
+    condition."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        running = await ctx.cand.metric(N.RUNNING)
+        if not running:
+            return
+        await asyncio.sleep(0.5)
 
 
 def background_settings(avoid) -> tuple[dict, ...]:
