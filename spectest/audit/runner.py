@@ -98,7 +98,8 @@ def _start_embedded(settings: AuditSettings, stack: contextlib.ExitStack,
     for role in wanted:
         drafter = settings.embedded_drafter if role == "candidate" or both else "none"
         spec = ServerSpec(settings.embedded_model, settings.embedded_draft, drafter,
-                          settings.embedded_k, settings.embedded_threads)
+                          settings.embedded_k, settings.embedded_threads,
+                          device=settings.embedded_device)
         t0 = time.perf_counter()
         urls[role] = stack.enter_context(ServerProcess(spec))
         result.notes.append(f"embedded {role}: spectest serve --model {spec.model} "

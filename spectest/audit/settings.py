@@ -82,6 +82,7 @@ class AuditSettings:
     embedded_drafter: str = "draft-model"
     embedded_k: int | None = None  # None: the model's measured default (engine.api.default_k)
     embedded_threads: int | None = 1
+    embedded_device: str = "auto"  # spectest serve --device: auto, cpu or cuda
 
     def __post_init__(self):
         problems = []
