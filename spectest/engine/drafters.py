@@ -25,13 +25,12 @@ from typing import Callable, Protocol
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from spectest.engine.device import Placement, to_device
 from spectest.engine.drafter_names import HYBRID
 from spectest.engine.model import Transformer
 from spectest.engine.penalties import Penalties, apply_penalties
-from spectest.engine.sampling import SamplingParams, probs_from_logits, sample_from
+from spectest.engine.sampling import SamplingParams, one_hot, probs_from_logits, sample_from
 
 
 @dataclass
@@ -242,7 +241,7 @@ class DraftModelDrafter:
                     drafted = torch.stack(columns, dim=1)  # [B, step]
                     if active_dev is not None:
                         drafted = drafted[active_dev]
-                    counts = counts + F.one_hot(drafted, self.vocab_size).float().sum(1)
+                    counts = counts + one_hot(drafted, self.vocab_size).sum(1)
                 logits = apply_penalties(logits[:, None], mine, counts[:, None],
                                          self.head_ids)[:, 0]  # [b, N]
             step_probs = None
@@ -389,7 +388,7 @@ class HybridDrafter:
             tokens[rest_dev, :part.tokens.shape[1]] = to_device(part.tokens, device)
         probs = None
         if part.probs is not None:  # sampled rows drafted by the model: one tensor for all
-            probs = F.one_hot(tokens, part.probs.shape[-1]).float()
+            probs = one_hot(tokens, part.probs.shape[-1])
             probs[rest_dev] = 0.0
             probs[rest_dev, :part.probs.shape[1]] = part.probs
         return Proposal(tokens, lens, probs, part.network_seconds, part.error)

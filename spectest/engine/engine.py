@@ -38,7 +38,6 @@ from typing import Callable
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from spectest.engine import logprobs as lp
 from spectest.engine.control import SpeculationControl, control_for
@@ -50,7 +49,7 @@ from spectest.engine.policies import Decision, FixedK, KPolicy
 from spectest.engine.prefix_cache import PrefixCache
 from spectest.engine.requests import (GenerationRequest, RequestOutput, RequestStats,
                                       RoundRecord, RowRecord)
-from spectest.engine.sampling import probs_from_logits, sample_from
+from spectest.engine.sampling import one_hot, probs_from_logits, sample_from
 from spectest.engine.scheduler import OutputCallback, Scheduler, SchedulerConfig, Sequence
 from spectest.engine.tokenizer import StreamDecoder, Tokenizer
 from spectest.engine.verify import verify_greedy
@@ -442,7 +441,7 @@ class SpecEngine:
         """Draft distributions for the sampled rows [b, K, V] (one-hot for n-gram drafts);
         ``drafts``: theirs [b, K]."""
         K = drafts.shape[1]
-        out = F.one_hot(drafts, V).float()  # [b, K, V]
+        out = one_hot(drafts, V)  # [b, K, V]
         if K and proposal is not None and proposal.probs is not None:
             where = {r: j for j, r in enumerate(row_of)}
             pairs = [(j, where[i]) for j, i in enumerate(s_rows.tolist()) if i in where]

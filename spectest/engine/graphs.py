@@ -57,6 +57,7 @@ class _Entry:
     forward: object  # the eager forward (capture=False) …
     graph: torch.cuda.CUDAGraph | None = None  # … or its capture
     out: object = None  # the captured forward's static outputs
+    keep: tuple = ()  # what the capture reads (cache, RoPE tables): alive while it may replay
 
     def replay(self):
         if self.graph is None:
@@ -128,7 +129,8 @@ class CapturedForwards:
             inputs = static_inputs(cache, slots, positions, span)
             return model.run(ids, inputs, last_only, hidden_only, with_hidden)
 
-        entry = _Entry(ids, slots, positions, forward)
+        entry = _Entry(ids, slots, positions, forward,
+                       keep=(cache, model._cos, model._sin_rot))  # id(cache) stays unique
         if self.capture:
             try:
                 entry.graph, entry.out, self._pool = _capture(forward, device, self._pool)

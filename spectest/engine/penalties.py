@@ -26,10 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from spectest.engine.device import to_device
-from spectest.engine.sampling import SamplingParams
+from spectest.engine.sampling import SamplingParams, one_hot
 
 
 @dataclass(frozen=True)
@@ -89,7 +88,7 @@ def position_counts(output_counts: torch.Tensor, drafted: torch.Tensor) -> torch
     B, K = drafted.shape
     if K == 0:
         return output_counts[:, None]
-    seen = F.one_hot(drafted, output_counts.shape[-1]).float().cumsum(1)  # [B, K, V]
+    seen = one_hot(drafted, output_counts.shape[-1]).cumsum(1)  # [B, K, V]
     return output_counts[:, None] + torch.cat([seen.new_zeros(B, 1, seen.shape[-1]), seen], 1)
 
 

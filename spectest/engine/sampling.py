@@ -109,6 +109,13 @@ def probs_from_logits(logits: torch.Tensor, temperature, top_k, top_p,
     return logits.softmax(-1)
 
 
+def one_hot(ids: torch.Tensor, n: int) -> torch.Tensor:
+    """ids [...] → float32 [..., n] with a 1 at each id: ``F.one_hot`` without its range check,
+    which reads the device (the ids come from our own drafts and argmaxes)."""
+    out = torch.zeros(*ids.shape, n, device=ids.device)
+    return out.scatter_(-1, ids.unsqueeze(-1), 1.0)
+
+
 def sample_from(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     """Inverse-CDF draw: probs [N, V], uniform [N] in [0, 1) → token ids [N]."""
     cdf = probs.cumsum(-1)  # [N, V]

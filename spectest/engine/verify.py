@@ -58,7 +58,6 @@ def verify_sampled(draft_tokens: torch.Tensor, draft_lens: torch.Tensor,
     Returns (n_accepted [B], next_token [B]).
     """
     B, K = draft_tokens.shape
-    V = target_probs.shape[-1]
     idx = draft_tokens[..., None]  # [B, K, 1]
     target_at_draft = target_probs[:, :K].gather(-1, idx).squeeze(-1)  # [B, K]
     draft_at_draft = draft_probs.gather(-1, idx).squeeze(-1)  # [B, K]
