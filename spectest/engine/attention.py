@@ -36,6 +36,7 @@ class StepInputs:
     need: int  # RoPE positions the tables must cover (largest position + 1; host-known)
     mask: object  # CAUSAL, None (every cached key), bool [B, 1, T, S] or RowSpans
     writers: list[Callable]  # per layer: write(k, v) -> (keys, values)
+    first: int | None = None  # one row at positions first … first+T-1: tables are sliced
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,16 @@ def attention_inputs(n_layers: int, cache: KVCache | None, slots: np.ndarray | N
     if cache is None:
         positions = torch.arange(T, device=device).expand(B, T)
         return StepInputs(positions, T, CAUSAL, [_no_cache] * n_layers), None
+    if B == 1 and not row_exact:  # the usual decode call, on host ints alone
+        slot = int(slots[0])
+        first = int(cache.lengths[slot])
+        span = first + T
+        if span > cache.max_len:
+            raise ValueError(f"KV cache overflow: need {span} positions, have {cache.max_len}")
+        positions = torch.arange(first, span, device=device).unsqueeze(0)  # [1, T]
+        mask = None if T == 1 else causal_mask(positions, span)
+        return StepInputs(positions, span, mask, cache.row_writers(slot, first, T, span),
+                          first), np.array([first], dtype=np.int64)
     start = cache.lengths[slots].copy()  # [B]
     positions = start[:, None] + np.arange(T)  # [B, T]
     span = int(start.max()) + T

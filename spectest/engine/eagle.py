@@ -69,7 +69,7 @@ class EagleHead(Rotary, nn.Module):
         slots = host_slots(slots, B)
         inputs, start = attention_inputs(1, cache, slots, B, T, False, features.device)
         x = self.fc(torch.cat([features, embeds], dim=-1))  # [B, T, D]
-        rope = self.rope(inputs.positions, inputs.need, x.dtype)
+        rope = self.rope(inputs.positions, inputs.need, x.dtype, inputs.first)
         cfg = self.config
         mask = group_mask(inputs.mask, cfg.num_attention_heads // cfg.num_key_value_heads,
                           x.dtype)

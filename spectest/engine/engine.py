@@ -14,6 +14,11 @@ boundary), and while it is off, admits requests without a draft prefill.
 Cache invariant: at a round boundary the target cache of a slot holds every committed token but
 the last; the last token is the first input of the next verify.
 
+The device: tensors live where the target's weights are (``engine.device``); the bookkeeping
+(lengths, drafts per row, which rows are greedy) is the host's, so a round waits for the device
+once — the fetch of the accept decision (accepted counts, next tokens, drafts, any logprobs) —
+and a prefill once, for its first token. Per-request generators are made on the device.
+
 How the target samples, verifies and commits is a rules object chosen once at construction
 (``engine.faults``): the exact rules, or — for the auditor's tests — rules with deliberate bugs
 (``EngineConfig.faults``); the round itself has no fault branches.

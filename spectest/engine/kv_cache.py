@@ -49,6 +49,17 @@ class KVCache:
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
 
+    def row_writers(self, slot: int, first: int, T: int, span: int):
+        """:meth:`writers` for one row whose ``T`` new positions start at ``first``."""
+        def make(k_layer, v_layer):  # [S, M, H, hd] each
+            def write(k: torch.Tensor, v: torch.Tensor):  # [1, T, H, hd] each
+                k_layer[slot, first:first + T] = k[0]
+                v_layer[slot, first:first + T] = v[0]
+                return k_layer[slot:slot + 1, :span], v_layer[slot:slot + 1, :span]
+            return write
+
+        return [make(self.k[i], self.v[i]) for i in range(self.k.shape[0])]
+
     def writers(self, slots: np.ndarray, positions: np.ndarray, span: int,
                 positions_dev: torch.Tensor | None = None):
         """One function per layer that stores new K/V and returns the keys/values to attend.

@@ -340,12 +340,22 @@ class Rotary:
         self._sin_rot = torch.cat((-sin, sin), dim=-1)
         self._rope_len = length
 
-    def rope(self, positions: torch.Tensor, need: int, dtype: torch.dtype):
+    def rope(self, positions: torch.Tensor, need: int, dtype: torch.dtype,
+             first: int | None = None):
         """(cos, sin_rot) [B, T, 1, hd] in ``dtype`` for absolute ``positions`` [B, T] (device)
-        whose largest is below ``need``."""
+        whose largest is below ``need``; ``first``: one row whose positions run from it (the
+        tables are then sliced, not gathered)."""
         self.rope_tables(need)
-        cos, sin_rot = self._cos[positions], self._sin_rot[positions]  # [B, T, hd]
-        return cos.unsqueeze(2).to(dtype), sin_rot.unsqueeze(2).to(dtype)
+        if first is not None:
+            T = positions.shape[1]
+            cos = self._cos[first:first + T][None, :, None]  # [1, T, 1, hd]
+            sin_rot = self._sin_rot[first:first + T][None, :, None]
+        else:
+            cos = self._cos[positions].unsqueeze(2)  # [B, T, 1, hd]
+            sin_rot = self._sin_rot[positions].unsqueeze(2)
+        if cos.dtype != dtype:
+            cos, sin_rot = cos.to(dtype), sin_rot.to(dtype)
+        return cos, sin_rot
 
     def rotary(self, positions: torch.Tensor, tables: bool = True):
         """cos, sin [B, T, head_dim] computed afresh (training: tensors made under inference
@@ -427,7 +437,7 @@ class Transformer(Rotary, nn.Module):
         x = F.embedding(input_ids, self.embed_tokens.weight) if fast else \
             self.embed_tokens(input_ids)
         if tables:
-            rope = self.rope(inputs.positions, inputs.need, x.dtype)
+            rope = self.rope(inputs.positions, inputs.need, x.dtype, inputs.first)
         else:  # training: computed afresh, differentiable
             cos, sin = self.rotary(inputs.positions)
             half = cos.shape[-1] // 2

@@ -37,6 +37,7 @@ from spectest.server.app import Server, ServerConfig
 from spectest.telemetry.tracing import build_tracer_provider
 
 EMBEDDED_NAME = "spectest-demo"
+SHORT_DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -221,7 +222,7 @@ def main(args) -> int:
                " (default: usable cores − 1, the event loop gets the other; --threads N)"))
     drafter = engine.drafter.name + (f" via {args.draft_url}" if args.draft_url else "")
     weights = ("int8" if engine.target.quantization == "int8" else
-               str(engine.place.dtype).removeprefix("torch.")) + (
+               SHORT_DTYPE.get(engine.place.dtype, str(engine.place.dtype))) + (
         " (--quantize auto)" if args.quantize == "auto" else "")
     where = f"on {engine.place.describe()}" + (
         ", CUDA graphs" if engine.target.graphs is not None else "")
