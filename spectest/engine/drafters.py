@@ -229,10 +229,11 @@ class DraftModelDrafter:
         uniforms = _uniforms(rows, K, place.device) if any_sampled else None  # [B, K]
         columns: list[torch.Tensor] = []  # per step: [B] token ids (0 where a row stopped)
         step_dists: list[torch.Tensor] = []  # per step: [B, V] draft distributions
-        lens = np.zeros(B, dtype=np.int64)
         logits = self._first_logits(rows, slots)  # [B, N]
         active = np.arange(B)  # rows still drafting (host)
         active_dev = None  # the same on the device, None while every row drafts
+        active_slots = slots
+        last_steps = set(ks.tolist())  # steps after which some row stops
         for step in range(K):
             if pen is not None:  # this step sees the committed tokens and the drafts so far
                 mine = pen if active_dev is None else pen.select(active_dev)
@@ -252,31 +253,34 @@ class DraftModelDrafter:
                 if stop is not None and stop(step_probs.max(dim=-1).values):
                     break
             pick = logits.argmax(dim=-1)  # [b] columns of the head
-            sampled = ~greedy[active]
-            if sampled.any():
-                u = uniforms[:, step] if active_dev is None else uniforms[active_dev, step]
-                drawn = sample_from(step_probs, u)
-                pick = drawn if sampled.all() else torch.where(
-                    place.to_device(sampled), drawn, pick)
+            if any_sampled:
+                sampled = ~greedy[active]
+                if sampled.any():
+                    u = uniforms[:, step] if active_dev is None else uniforms[active_dev, step]
+                    drawn = sample_from(step_probs, u)
+                    pick = drawn if sampled.all() else torch.where(
+                        place.to_device(sampled), drawn, pick)
             pick = self._token_ids(pick)  # [b] token ids
             columns.append(self._scatter(pick, active_dev, B))
             if any_sampled:
                 step_dists.append(self._scatter(self._full_vocab(step_probs), active_dev, B))
-            lens[active] += 1
-            still = ks[active] > step + 1
-            if step == K - 1 or not still.any():
+            if step == K - 1:
                 break
-            if not still.all():
+            if step + 1 in last_steps:  # some rows have drafted all they may
+                still = ks[active] > step + 1
+                if not still.any():
+                    break
                 active = active[still]
-                keep = place.to_device(np.flatnonzero(still))
-                pick = pick[keep]
+                pick = pick[place.to_device(np.flatnonzero(still))]
                 active_dev = place.to_device(active)
-            logits = self._next_logits(pick, slots, active, active_dev)  # [b, N]
+                active_slots = slots[active]
+            logits = self._next_logits(pick, active_slots, active_dev)  # [b, N]
         if not columns:
             return Proposal.empty(B)
         tokens = torch.stack(columns, dim=1)  # [B, k]
         probs = torch.stack(step_dists, dim=1) if any_sampled else None  # [B, k, V]
-        return Proposal(tokens, lens, probs)
+        # a row drafted one token a step until its own k (or the stop rule ended every row)
+        return Proposal(tokens, np.minimum(ks, len(columns)), probs)
 
     @staticmethod
     def _scatter(values: torch.Tensor, active_dev: torch.Tensor | None, B: int) -> torch.Tensor:
@@ -319,11 +323,11 @@ class DraftModelDrafter:
         last = self.place.to_device(n_pending - 1)
         return logits[torch.arange(len(rows), device=logits.device), last]  # [B, N]
 
-    def _next_logits(self, pick: torch.Tensor, slots: np.ndarray, active: np.ndarray,
+    def _next_logits(self, pick: torch.Tensor, slots: np.ndarray,
                      active_dev: torch.Tensor | None) -> torch.Tensor:
-        """Logits [b, N] for the next draft of the ``active`` rows (host indices; on the
-        device, or None for all rows), which drafted ``pick`` [b]."""
-        return self.model(pick[:, None], self.cache, slots[active])[:, -1]
+        """Logits [b, N] for the next draft of the rows still drafting (their ``slots`` [b];
+        their indices on the device, or None for all rows), which drafted ``pick`` [b]."""
+        return self.model(pick[:, None], self.cache, slots)[:, -1]
 
 
 def _uniforms(rows: list[DraftRow], K: int, device: torch.device) -> torch.Tensor:

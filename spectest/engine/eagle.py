@@ -223,11 +223,11 @@ class EagleDrafter(DraftModelDrafter):
                                 self.place.to_device(n_new - 1)]  # [B, D]
         return self.lm_head(self._guess)  # [B, N]
 
-    def _next_logits(self, pick: torch.Tensor, slots: np.ndarray, active: np.ndarray,
+    def _next_logits(self, pick: torch.Tensor, slots: np.ndarray,
                      active_dev: torch.Tensor | None) -> torch.Tensor:
         guess_in = self._guess if active_dev is None else self._guess[active_dev]
         guess = self.model(guess_in[:, None], self.embed(pick)[:, None],
-                           self.cache, slots[active])[:, 0]  # [b, D]
+                           self.cache, slots)[:, 0]  # [b, D]
         if active_dev is None:
             self._guess = guess
         else:
