@@ -83,12 +83,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"))
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     batches = [int(b) for b in args.batches.split(",")]
     engine = build_engine(args.pair, policy=FixedK(args.k), max_num_seqs=max(batches),
-                          max_model_len=args.max_prompt + args.max_tokens + args.k + 8)
+                          max_model_len=args.max_prompt + args.max_tokens + args.k + 8,
+                          device=args.device)
     prompts = code_prompts(engine.tokenizer, max(batches), args.max_prompt)
     print(f"pair {args.pair} ({engine.target.quantization}), {torch.get_num_threads()} "
           f"thread(s), K={args.k}, {args.max_tokens} tokens per request, {len(prompts)} "

@@ -30,9 +30,12 @@ draft's confidence (``ConfidenceK``: a round's drafting stops where the draft's 
 falls below T, so a round whose first draft is unsure is a plain step), to measure whether
 skipping unsure drafts pays.
 
+``--device cuda`` runs the engine (and the transformers peer) on a GPU; ``--device auto`` picks
+one when torch sees it.
+
     python benchmarks/engine_speedup.py [--pair embedded|smollm2] [--prompts 6] [--repeats 1]
                                         [--max-tokens 128] [--k K] [--workloads chat,code]
-                                        [--confidence 0.3]
+                                        [--confidence 0.3] [--device cpu|cuda|auto]
 """
 
 from __future__ import annotations
@@ -260,13 +263,15 @@ def predicted_speedup(row, base_row, k):
     return round(tokens * base_row["round_ms"] / cost, 3)
 
 
-def hf_peer(prompts, max_tokens, k):
-    """transformers greedy, assisted (draft model) and prompt-lookup generation, batch 1."""
+def hf_peer(prompts, max_tokens, k, device: torch.device = torch.device("cpu"),
+            dtype: torch.dtype = torch.float32):
+    """transformers greedy, assisted (draft model) and prompt-lookup generation, batch 1, on
+    the engine's device and dtype."""
     from transformers import AutoModelForCausalLM
     target = AutoModelForCausalLM.from_pretrained(MODELS_DIR / "target",
-                                                  torch_dtype=torch.float32).eval()
+                                                  dtype=dtype).to(device).eval()
     draft = AutoModelForCausalLM.from_pretrained(MODELS_DIR / "draft",
-                                                 torch_dtype=torch.float32).eval()
+                                                 dtype=dtype).to(device).eval()
     eos = target.generation_config.eos_token_id
     out = {}
     for name, extra in (("hf-greedy", {}), ("hf-assisted", {"assistant_model": draft}),
@@ -277,10 +282,12 @@ def hf_peer(prompts, max_tokens, k):
         tokens, t0 = 0, time.perf_counter()
         with torch.inference_mode():
             for ids in prompts:
-                x = torch.tensor([ids])
+                x = torch.tensor([ids], device=device)
                 y = target.generate(x, max_new_tokens=max_tokens, do_sample=False,
                                     eos_token_id=eos, pad_token_id=eos[-1], **extra)
                 tokens += y.shape[1] - x.shape[1]
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
         out[name] = tokens / (time.perf_counter() - t0)
     return out
 
@@ -300,6 +307,8 @@ def main() -> None:
                     help="runs of every arm over the prompts, interleaved (the speedup's "
                          "interval resamples prompt × repeat pairs)")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"),
+                    help="where the engine and the transformers peer run (default cpu)")
     ap.add_argument("--batches", default=None, help="default 1,4,16,32 (smollm2: 1,4,8)")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--json", default=None, help="also write the figures to this file")
@@ -347,12 +356,14 @@ def main() -> None:
             arms.append((gated, drafter, kk))
             policies[gated] = ConfidenceK(k_max=kk, threshold=threshold)
     engines = {name: build_engine(args.pair, drafter=drafter, policy=policies[name],
-                                  max_num_seqs=slots)
+                                  max_num_seqs=slots, device=args.device)
                for name, drafter, _ in arms}
     drafting = [name for name in engines if name != "target-only"]
     tok = engines["target-only"].tokenizer
+    place = engines["target-only"].place
     print(f"pair {args.pair}: {engines['target-only'].target.quantization} weights, "
-          f"{torch.get_num_threads()} thread(s)", flush=True)
+          f"{torch.get_num_threads()} thread(s), on {place.describe()} "
+          f"({str(place.dtype).removeprefix('torch.')})", flush=True)
     rows = []
     pick = held_out_prompts if smollm2 else prompts_for
     context = engines["target-only"].config.scheduler.max_model_len
@@ -433,8 +444,8 @@ def main() -> None:
     peer = {}
     if not args.skip_hf and not smollm2 and {"draft-model", "ngram"} <= set(engines):
         print("\n== Hugging Face transformers on the same pair and prompts (greedy, batch 1) ==")
-        code = prompt_sets["code"] + prompt_sets["chat"] + prompt_sets["rag"]
-        peer = hf_peer(code, args.max_tokens, k)
+        code = [p for w in ("code", "chat", "rag") if w in prompt_sets for p in prompt_sets[w]]
+        peer = hf_peer(code, args.max_tokens, k, place.device, place.dtype)
         ours = {}
         for name in ("target-only", "draft-model", "ngram"):
             tokens, seconds, _, _ = run(engines[name], code, args.max_tokens, 0.0)

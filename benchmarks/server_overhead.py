@@ -192,7 +192,7 @@ def serve_engine(args) -> None:
     torch.set_num_threads(args.threads)
     engine = build_engine(args.models / "target", args.models / "draft", "draft-model",
                           make_policy("fixed", k=args.k), max_num_seqs=max(args.concurrency),
-                          max_model_len=args.max_model_len)
+                          max_model_len=args.max_model_len, device=args.device)
     prompt_ids = tuple(engine.tokenizer.encode(PROMPT))
     acct = Accounting(engine, args.trace_file)
     engine.start()
@@ -223,7 +223,7 @@ def serve(args) -> None:
     argv = ["--port", "0", "--model", str(args.models / "target"), "--draft",
             str(args.models / "draft"), "--threads", str(args.threads), "--k", str(args.k),
             "--max-num-seqs", str(max(args.concurrency)), "--max-model-len",
-            str(args.max_model_len), "--served-model-name", NAME]
+            str(args.max_model_len), "--served-model-name", NAME, "--device", args.device]
     if args.serve == "on":
         argv += ["--trace-file", str(args.trace_file)]
     server = cli.build_server(parser.parse_args(argv))
@@ -245,7 +245,8 @@ class ModeProcess:
         cmd = [sys.executable, __file__, "--serve", kind, "--models", str(args.models),
                "--threads", str(args.threads), "--k", str(args.k), "--max-tokens",
                str(args.max_tokens), "--max-model-len", str(args.max_model_len),
-               "--trace-file", str(trace_file), "--concurrency", *map(str, args.concurrency)]
+               "--trace-file", str(trace_file), "--device", args.device,
+               "--concurrency", *map(str, args.concurrency)]
         if args.server_cpus:  # the client keeps a core to itself, as a remote client would
             cmd = ["taskset", "-c", ",".join(map(str, args.server_cpus)), *cmd]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -502,6 +503,8 @@ def main() -> int:
                     help="speculation on (K drafts per round) and off (the same server, "
                          "requests with speculative: false)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (engine and server)")
+    ap.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"),
+                    help="where the engine runs in every mode (default cpu)")
     ap.add_argument("--max-model-len", type=int, default=512)
     ap.add_argument("--out", type=Path, default=None, help="JSON results (written atomically)")
     ap.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")

@@ -11,6 +11,7 @@ import os
 import sys
 from pathlib import Path
 
+from spectest.engine.device import DEVICE_CHOICES, DTYPE_CHOICES
 from spectest.engine.drafter_names import DRAFTERS
 from spectest.engine.int8 import QUANTIZE_CHOICES
 
@@ -46,7 +47,8 @@ def _generate(args) -> int:
     from spectest.engine.api import Engine, default_k
     k = default_k(args.model, args.drafter) if args.k is None else args.k
     engine = Engine.from_pretrained(args.model, args.draft, drafter=args.drafter, k=k,
-                                    quantize=args.quantize)
+                                    quantize=args.quantize, device=args.device,
+                                    dtype=args.dtype)
     for prompt in args.prompt or ["def fibonacci(n):"]:
         g = engine.generate(prompt, chat=args.chat, max_tokens=args.max_tokens,
                             temperature=args.temperature, seed=args.seed,
@@ -159,6 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=int, default=None,
                    help="draft length (default: the measured best for the model and drafter, "
                         "engine.api.DEFAULT_K; else 4)")
+    p.add_argument("--device", choices=DEVICE_CHOICES, default="auto",
+                   help="cuda, cpu, or auto = a GPU when torch sees one")
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
+                   help="the weights' dtype on the device (auto: see spectest serve --help)")
     p.add_argument("--chat", action="store_true")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)

@@ -107,6 +107,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
          choices=DRAFTING)
     _opt(g, "embedded_k", "draft length K of the embedded candidate", type=int)
     _opt(g, "embedded_threads", "torch threads of an embedded server", type=int)
+    _opt(g, "embedded_device", "where an embedded server runs its engine",
+         choices=["auto", "cpu", "cuda"])
     g = p.add_argument_group("prompts and sizes")
     _opt(g, "prompts", "bundled dataset (chat, code, rag, mixed) or a JSONL file with "
          "'prompt' or 'messages' per line")

@@ -112,7 +112,8 @@ def _start_embedded(settings: AuditSettings, stack: contextlib.ExitStack,
         budget = settings.embedded_kv_budget
         spec = ServerSpec(settings.embedded_model, settings.embedded_draft, drafter,
                           settings.embedded_k, settings.embedded_threads,
-                          ("--kv-budget-tokens", str(budget)) if budget else ())
+                          ("--kv-budget-tokens", str(budget)) if budget else (),
+                          device=settings.embedded_device)
         t0 = time.perf_counter()
         urls[role] = stack.enter_context(ServerProcess(spec))
         result.notes.append(f"embedded {role}: spectest serve --model {spec.model} "

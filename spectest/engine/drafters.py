@@ -19,16 +19,18 @@ runs without drafts.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, replace
 from typing import Callable, Protocol
 
+import numpy as np
 import torch
-import torch.nn.functional as F
 
+from spectest.engine.device import Placement, to_device
 from spectest.engine.drafter_names import HYBRID
 from spectest.engine.model import Transformer
 from spectest.engine.penalties import Penalties, apply_penalties
-from spectest.engine.sampling import SamplingParams, probs_from_logits, sample_from
+from spectest.engine.sampling import SamplingParams, one_hot, probs_from_logits, sample_from
 
 
 @dataclass
@@ -40,7 +42,7 @@ class DraftRow:
     tokens: list[int]  # prompt + output so far (the last one is not yet in any KV cache)
     k: int  # at most this many drafts
     params: SamplingParams
-    uniforms: torch.Tensor | None = None  # [k] for sampled rows
+    uniforms: torch.Tensor | None = None  # [k] for sampled rows (on the engine's device)
     prompt_len: int = 0  # tokens[:prompt_len] is the prompt (penalties count the rest)
 
     @property
@@ -54,8 +56,8 @@ class DraftRow:
 
 @dataclass(frozen=True)
 class Proposal:
-    tokens: torch.Tensor  # [B, K] long, padded with 0 past lens
-    lens: torch.Tensor  # [B] long
+    tokens: torch.Tensor | np.ndarray  # [B, K] long, padded with 0 past lens (device or host)
+    lens: np.ndarray  # [B] int64, on the host: how many drafts each row proposes
     probs: torch.Tensor | None  # [B, K, V] draft distributions; None = one-hot on tokens
     # A drafter in another process: the part of the drafting time spent outside the draft
     # model (transport, encoding, the other side's queue), and why it returned no drafts.
@@ -64,12 +66,13 @@ class Proposal:
 
     @staticmethod
     def empty(batch: int, error: str | None = None, network_seconds: float = 0.0) -> "Proposal":
-        return Proposal(torch.zeros(batch, 0, dtype=torch.long),
-                        torch.zeros(batch, dtype=torch.long), None, network_seconds, error)
+        return Proposal(np.zeros((batch, 0), dtype=np.int64), np.zeros(batch, dtype=np.int64),
+                        None, network_seconds, error)
 
 
 # Confidence early exit: given the draft's max probability per row at this step [B], return
-# True to stop drafting (the token at this step is then not proposed).
+# True to stop drafting (the token at this step is then not proposed). It reads the device:
+# one host wait per draft step, the price of deciding on the draft's confidence.
 StopRule = Callable[[torch.Tensor], bool]
 
 
@@ -115,7 +118,10 @@ NGRAM_MAX = 4
 
 
 class NGramDrafter:
-    """Prompt lookup decoding: the most recent earlier occurrence of the longest suffix match."""
+    """Prompt lookup decoding: the most recent earlier occurrence of the longest suffix match.
+
+    A host-side search (the tokens are the host's): the sequence as packed 32-bit ids, searched
+    from the end with ``bytes.rfind`` — no tensor, no device."""
 
     name = "ngram"
 
@@ -134,23 +140,27 @@ class NGramDrafter:
         pass
 
     def lookup(self, tokens: list[int], k: int) -> list[int]:
-        seq = torch.tensor(tokens, dtype=torch.long)
         L = len(tokens)
+        if L < 2:
+            return []
+        haystack = array("i", tokens[:L - 1]).tobytes()  # windows that have a successor
         for n in range(min(self.max_n, L - 1), self.min_n - 1, -1):
-            windows = seq[:L - 1].unfold(0, n, 1)  # [L-n, n] windows that have a successor
-            hits = (windows == seq[L - n:]).all(dim=1).nonzero().flatten()
-            if len(hits):
-                start = int(hits[-1]) + n
-                return tokens[start:start + k]
+            needle = array("i", tokens[L - n:]).tobytes()
+            end = len(haystack)
+            while (at := haystack.rfind(needle, 0, end)) >= 0:
+                if at % 4 == 0:  # on a token boundary (a match may straddle two ids)
+                    start = at // 4 + n
+                    return tokens[start:start + k]
+                end = at + len(needle) - 1
         return []
 
     def propose(self, rows, stop=None):
         found = [self.lookup(r.tokens, r.k) if r.k > 0 else [] for r in rows]
         K = max((len(f) for f in found), default=0)
-        tokens = torch.zeros(len(rows), K, dtype=torch.long)
+        tokens = np.zeros((len(rows), K), dtype=np.int64)
         for i, f in enumerate(found):
-            tokens[i, :len(f)] = torch.tensor(f, dtype=torch.long)
-        return Proposal(tokens, torch.tensor([len(f) for f in found], dtype=torch.long), None)
+            tokens[i, :len(f)] = f
+        return Proposal(tokens, np.array([len(f) for f in found], dtype=np.int64), None)
 
 
 class DraftModelDrafter:
@@ -158,12 +168,18 @@ class DraftModelDrafter:
 
     A model whose head was cut to its most frequent tokens (``model.restrict_head``) drafts
     over those only: its logits are [B, T, N], ``model.head_ids`` maps them back to token ids,
-    and a sampled row's distribution is 0 outside them (rejection sampling stays exact)."""
+    and a sampled row's distribution is 0 outside them (rejection sampling stays exact).
+
+    Drafting reads nothing back from the device: the rows' lengths and how many drafts each
+    makes are the host's, the picked tokens stay on the device until the engine fetches the
+    round's result (a confidence stop rule is the exception: it reads the draft's confidence
+    at every step)."""
 
     name = "draft-model"
 
     def __init__(self, model: Transformer, n_slots: int, max_len: int):
         self.model = model
+        self.place = Placement.of(model)
         self.cache = model.new_cache(n_slots, max_len)
         self.vocab_size = model.config.vocab_size
         self.head_ids = model.head_ids  # [N] or None (the whole vocabulary)
@@ -173,8 +189,8 @@ class DraftModelDrafter:
         if prompt:  # the whole prompt in one call, as the target prefills it: a model
             # drafting for itself then holds the target's keys bit for bit (row-exact int8)
             with torch.inference_mode():
-                self.model(torch.tensor([prompt]), self.cache, torch.tensor([slot]),
-                           last_only=True, hidden_only=True)
+                self.model(self.place.tokens([prompt]), self.cache, [slot], last_only=True,
+                           hidden_only=True)
 
     def release(self, slot: int) -> None:
         self.cache.reset(slot)
@@ -198,26 +214,35 @@ class DraftModelDrafter:
         K = max((r.k for r in rows), default=0)
         if K == 0:
             return Proposal.empty(B)
-        slots = torch.tensor([r.slot for r in rows])
-        temperature = torch.tensor([r.temperature for r in rows])
-        top_k = torch.tensor([r.params.top_k for r in rows])
-        top_p = torch.tensor([r.params.top_p for r in rows])
-        min_p = torch.tensor([r.params.min_p for r in rows])
-        greedy = torch.tensor([r.greedy for r in rows])
+        place = self.place
+        slots = np.array([r.slot for r in rows], dtype=np.int64)
+        ks = np.array([r.k for r in rows], dtype=np.int64)
+        greedy = np.array([r.greedy for r in rows], dtype=np.bool_)
+        temperature = np.array([r.temperature for r in rows], dtype=np.float32)
+        top_k = np.array([r.params.top_k for r in rows], dtype=np.int64)
+        top_p = np.array([r.params.top_p for r in rows], dtype=np.float32)
+        min_p = np.array([r.params.min_p for r in rows], dtype=np.float32)
         pen = Penalties.of([r.params for r in rows], [r.tokens for r in rows],
-                           [r.prompt_len for r in rows], self.vocab_size)
-        any_sampled = not bool(greedy.all())
+                           [r.prompt_len for r in rows], self.vocab_size, place.device)
+        any_sampled = not greedy.all()
         need_probs = any_sampled or stop is not None
-        tokens = torch.zeros(B, K, dtype=torch.long)
-        probs = torch.zeros(B, K, self.vocab_size) if any_sampled else None
-        lens = torch.zeros(B, dtype=torch.long)
+        uniforms = _uniforms(rows, K, place.device) if any_sampled else None  # [B, K]
+        columns: list[torch.Tensor] = []  # per step: [B] token ids (0 where a row stopped)
+        step_dists: list[torch.Tensor] = []  # per step: [B, V] draft distributions
         logits = self._first_logits(rows, slots)  # [B, N]
-        active = torch.arange(B)  # rows still drafting
+        active = np.arange(B)  # rows still drafting (host)
+        active_dev = None  # the same on the device, None while every row drafts
+        active_slots = slots
+        last_steps = set(ks.tolist())  # steps after which some row stops
         for step in range(K):
             if pen is not None:  # this step sees the committed tokens and the drafts so far
-                mine = pen.select(active)
-                counts = mine.output_counts + F.one_hot(
-                    tokens[active, :step], self.vocab_size).float().sum(1)  # [b, V]
+                mine = pen if active_dev is None else pen.select(active_dev)
+                counts = mine.output_counts
+                if step:
+                    drafted = torch.stack(columns, dim=1)  # [B, step]
+                    if active_dev is not None:
+                        drafted = drafted[active_dev]
+                    counts = counts + one_hot(drafted, self.vocab_size).sum(1)
                 logits = apply_penalties(logits[:, None], mine, counts[:, None],
                                          self.head_ids)[:, 0]  # [b, N]
             step_probs = None
@@ -228,51 +253,90 @@ class DraftModelDrafter:
                 if stop is not None and stop(step_probs.max(dim=-1).values):
                     break
             pick = logits.argmax(dim=-1)  # [b] columns of the head
-            sampled = ~greedy[active]
-            if bool(sampled.any()):
-                u = torch.stack([rows[int(i)].uniforms[step] for i in active[sampled]])
-                pick[sampled] = sample_from(step_probs[sampled], u)
+            if any_sampled:
+                sampled = ~greedy[active]
+                if sampled.any():
+                    u = uniforms[:, step] if active_dev is None else uniforms[active_dev, step]
+                    drawn = sample_from(step_probs, u)
+                    pick = drawn if sampled.all() else torch.where(
+                        place.to_device(sampled), drawn, pick)
             pick = self._token_ids(pick)  # [b] token ids
-            tokens[active, step] = pick
-            if probs is not None:
-                probs[active, step] = self._full_vocab(step_probs)
-            lens[active] += 1
-            still = torch.tensor([rows[int(i)].k > step + 1 for i in active], dtype=torch.bool)
-            if step == K - 1 or not bool(still.any()):
+            columns.append(self._scatter(pick, active_dev, B))
+            if any_sampled:
+                step_dists.append(self._scatter(self._full_vocab(step_probs), active_dev, B))
+            if step == K - 1:
                 break
-            active, pick = active[still], pick[still]
-            logits = self._next_logits(pick, slots, active)  # [b, N]
-        return Proposal(tokens, lens, probs)
+            if step + 1 in last_steps:  # some rows have drafted all they may
+                still = ks[active] > step + 1
+                if not still.any():
+                    break
+                active = active[still]
+                pick = pick[place.to_device(np.flatnonzero(still))]
+                active_dev = place.to_device(active)
+                active_slots = slots[active]
+            logits = self._next_logits(pick, active_slots, active_dev)  # [b, N]
+        if not columns:
+            return Proposal.empty(B)
+        tokens = torch.stack(columns, dim=1)  # [B, k]
+        probs = torch.stack(step_dists, dim=1) if any_sampled else None  # [B, k, V]
+        # a row drafted one token a step until its own k (or the stop rule ended every row)
+        return Proposal(tokens, np.minimum(ks, len(columns)), probs)
 
-    def _first_logits(self, rows: list[DraftRow], slots: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def _scatter(values: torch.Tensor, active_dev: torch.Tensor | None, B: int) -> torch.Tensor:
+        """A step's per-active-row values [b, ...] as [B, ...] (zeros where a row stopped)."""
+        if active_dev is None:
+            return values
+        out = values.new_zeros((B,) + tuple(values.shape[1:]))
+        return out.index_copy_(0, active_dev, values)
+
+    def _first_logits(self, rows: list[DraftRow], slots: np.ndarray) -> torch.Tensor:
         """Logits [B, N] for each row's first draft."""
         # A row that has not drafted for a while (speculation switched off, K = 0 rounds, no
         # draft prefill) is further behind: it catches up alone on all but its last token, so
         # that one long row neither widens nor overflows everyone's step-0 forward.
+        lengths = self.cache.lengths
         for r in rows:
-            seen = int(self.cache.lengths[r.slot])
+            seen = int(lengths[r.slot])
             if seen >= len(r.tokens):  # admitted with every token: recompute the last one
-                self.cache.lengths[r.slot] = seen = len(r.tokens) - 1
+                lengths[r.slot] = seen = len(r.tokens) - 1
             if len(r.tokens) - seen > 2:
-                self.model(torch.tensor([r.tokens[seen:-1]]), self.cache,
-                           torch.tensor([r.slot]), last_only=True, hidden_only=True)
+                self.model(self.place.tokens([r.tokens[seen:-1]]), self.cache, [r.slot],
+                           last_only=True, hidden_only=True)
         # Step 0 feeds every committed token this cache has not seen (usually 1, or 2 after a
         # fully accepted round), right-padded; logits are read at each row's last real token.
-        pending = [r.tokens[int(self.cache.lengths[r.slot]):] for r in rows]
+        pending = [r.tokens[int(lengths[r.slot]):] for r in rows]
         width = max(len(p) for p in pending)
-        feed = torch.zeros(len(rows), width, dtype=torch.long)
-        for i, p in enumerate(pending):
-            feed[i, :len(p)] = torch.tensor(p)
-        start = self.cache.lengths[slots].clone()
-        n_pending = torch.tensor([len(p) for p in pending])
+        n_pending = np.array([len(p) for p in pending], dtype=np.int64)
+        if width == 1:
+            feed = self.place.tokens(pending)  # [B, 1]
+        else:
+            feed = np.zeros((len(rows), width), dtype=np.int64)
+            for i, p in enumerate(pending):
+                feed[i, :len(p)] = p
+            feed = self.place.tokens(feed)
+        start = lengths[slots].copy()
         logits = self.model(feed, self.cache, slots)  # [B, width, N]
-        self.cache.lengths[slots] = start + n_pending
-        return logits[torch.arange(len(rows)), n_pending - 1]  # [B, N]
+        lengths[slots] = start + n_pending
+        if width == 1:
+            return logits[:, 0]
+        last = self.place.to_device(n_pending - 1)
+        return logits[torch.arange(len(rows), device=logits.device), last]  # [B, N]
 
-    def _next_logits(self, pick: torch.Tensor, slots: torch.Tensor,
-                     active: torch.Tensor) -> torch.Tensor:
-        """Logits [b, N] for the next draft of the ``active`` rows, which drafted ``pick`` [b]."""
-        return self.model(pick[:, None], self.cache, slots[active])[:, -1]
+    def _next_logits(self, pick: torch.Tensor, slots: np.ndarray,
+                     active_dev: torch.Tensor | None) -> torch.Tensor:
+        """Logits [b, N] for the next draft of the rows still drafting (their ``slots`` [b];
+        their indices on the device, or None for all rows), which drafted ``pick`` [b]."""
+        return self.model(pick[:, None], self.cache, slots)[:, -1]
+
+
+def _uniforms(rows: list[DraftRow], K: int, device: torch.device) -> torch.Tensor:
+    """The rows' uniforms as one [B, K] tensor (zeros where a row has none: greedy rows)."""
+    out = []
+    for r in rows:
+        u = r.uniforms[:K] if r.uniforms is not None else torch.zeros(0, device=device)
+        out.append(u if len(u) == K else torch.cat([u, u.new_zeros(K - len(u))]))
+    return torch.stack(out)
 
 
 class HybridDrafter:
@@ -306,22 +370,29 @@ class HybridDrafter:
         self.model.add_features(slot, features)
 
     def propose(self, rows, stop=None):
-        copied = self.lookup.propose(rows)  # [B, Kc]; lens 0 where no suffix recurs
-        rest = (copied.lens == 0).nonzero().flatten()  # [b] rows the model drafts
+        copied = self.lookup.propose(rows)  # [B, Kc] host; lens 0 where no suffix recurs
+        rest = np.flatnonzero(copied.lens == 0)  # [b] rows the model drafts (host)
         if not len(rest):
             return copied
         cap = self.model_k or max(r.k for r in rows)
         part = self.model.propose([replace(rows[i], k=min(rows[i].k, cap))
                                    for i in rest.tolist()], stop)
-        K = max(copied.tokens.shape[1], part.tokens.shape[1])
-        tokens = torch.zeros(len(rows), K, dtype=torch.long)
-        tokens[:, :copied.tokens.shape[1]] = copied.tokens
-        tokens[rest, :part.tokens.shape[1]] = part.tokens
-        lens = copied.lens.clone()
+        lens = copied.lens.copy()
         lens[rest] = part.lens
+        if len(rest) == len(rows):
+            return Proposal(part.tokens, lens, part.probs, part.network_seconds, part.error)
+        device = part.tokens.device if isinstance(part.tokens, torch.Tensor) else \
+            torch.device("cpu")
+        K = max(copied.tokens.shape[1], part.tokens.shape[1])
+        padded = np.zeros((len(rows), K), dtype=np.int64)
+        padded[:, :copied.tokens.shape[1]] = copied.tokens
+        tokens = to_device(padded, device)
+        rest_dev = to_device(rest, device)
+        if part.tokens.shape[1]:
+            tokens[rest_dev, :part.tokens.shape[1]] = to_device(part.tokens, device)
         probs = None
         if part.probs is not None:  # sampled rows drafted by the model: one tensor for all
-            probs = torch.nn.functional.one_hot(tokens, part.probs.shape[-1]).float()
-            probs[rest] = 0.0
-            probs[rest, :part.probs.shape[1]] = part.probs
+            probs = one_hot(tokens, part.probs.shape[-1])
+            probs[rest_dev] = 0.0
+            probs[rest_dev, :part.probs.shape[1]] = part.probs
         return Proposal(tokens, lens, probs, part.network_seconds, part.error)

@@ -26,15 +26,18 @@ import json
 from pathlib import Path
 
 import torch
+import numpy as np
 from safetensors.torch import load_file
 from torch import nn
 
+from spectest.engine.attention import attention_inputs, group_mask, host_slots
+from spectest.engine.device import Placement
 from spectest.engine.drafters import DraftModelDrafter, DraftRow, Proposal, StopRule
 from spectest.engine.int8 import Int8Linear, linear_int8, quantize_layer_int8
 from spectest.engine.kv_cache import KVCache
 from spectest.engine.loader import HEAD_TOKENS_FILE, CheckpointError
-from spectest.engine.model import (DecoderLayer, ModelConfig, Rotary, Transformer,
-                                   attention_inputs, rope_inv_freq)
+from spectest.engine.model import (DecoderLayer, ModelConfig, Rotary, Transformer, freeze_layer,
+                                   rope_inv_freq)
 
 EAGLE_KEY = "eagle"  # config.json marker: {"eagle": {"feature": "final-norm", "target": …}}
 
@@ -52,17 +55,25 @@ class EagleHead(Rotary, nn.Module):
 
     def new_cache(self, n_slots: int, max_len: int) -> KVCache:
         cfg = self.config
-        return KVCache(1, n_slots, max_len, cfg.num_key_value_heads, cfg.head_dim)
+        weight = self.fc.weight if isinstance(self.fc, nn.Linear) else None
+        return KVCache(1, n_slots, max_len, cfg.num_key_value_heads, cfg.head_dim,
+                       dtype=weight.dtype if weight is not None else torch.float32,
+                       device=self.inv_freq.device)
 
     def forward(self, features: torch.Tensor, embeds: torch.Tensor, cache: KVCache,
-                slots: torch.Tensor) -> torch.Tensor:
+                slots) -> torch.Tensor:
         """Guessed next features [B, T, D] for pairs (features [B, T, D], embeddings of the
-        tokens that follow [B, T, D]) appended after each row's cached pairs."""
+        tokens that follow [B, T, D]) appended after each row's cached pairs (``slots`` [B]:
+        host)."""
         B, T, _ = features.shape
-        positions, mask, writers, start = attention_inputs(self, cache, slots, B, T, False)
-        cos, sin = self._rope(positions)  # [B, T, hd]
+        slots = host_slots(slots, B)
+        inputs, start = attention_inputs(1, cache, slots, B, T, False, features.device)
         x = self.fc(torch.cat([features, embeds], dim=-1))  # [B, T, D]
-        x = self.layers[0](x, cos, sin, writers[0], mask)
+        rope = self.rope(inputs.positions, inputs.need, x.dtype, inputs.first)
+        cfg = self.config
+        mask = group_mask(inputs.mask, cfg.num_attention_heads // cfg.num_key_value_heads,
+                          x.dtype)
+        x = self.layers[0](x, rope, inputs.writers[0], mask)
         cache.lengths[slots] = start + T
         return x
 
@@ -107,9 +118,11 @@ class EagleDrafter(DraftModelDrafter):
     def __init__(self, head: EagleHead, target: Transformer, head_ids: tuple[int, ...],
                  n_slots: int, max_len: int, int8: bool = False):
         self.model = head
+        self.place = Placement.of(target.embed_tokens)
         self.embed = target.embed_tokens  # [V, D], float (int8 models keep it)
-        self.head_ids = torch.tensor(sorted(set(head_ids)), dtype=torch.long)  # [N]
-        lm = nn.Linear(head.config.hidden_size, len(self.head_ids), bias=False)
+        self.head_ids = self.place.tokens(sorted(set(head_ids)))  # [N]
+        lm = nn.Linear(head.config.hidden_size, len(self.head_ids), bias=False,
+                       device=self.place.device, dtype=self.place.dtype)
         with torch.no_grad():  # SmolLM2's head is tied to its (float) embedding
             if target.config.tie_word_embeddings:
                 weight = target.embed_tokens.weight
@@ -123,10 +136,11 @@ class EagleDrafter(DraftModelDrafter):
             quantize_layer_int8(head.layers[0])
             head.fc = linear_int8(head.fc)
             self.lm_head = linear_int8(lm)
+        freeze_layer(head.layers[0])  # fused projections, plain calls (model.LayerPlan)
         self.vocab_size = target.config.vocab_size
         self.cache = head.new_cache(n_slots, max_len)
         self.pending: dict[int, list[torch.Tensor]] = {}  # slot → features [n, D] not fed yet
-        self.trusted = torch.zeros(n_slots, dtype=torch.long)  # cached pairs from the target
+        self.trusted = np.zeros(n_slots, dtype=np.int64)  # cached pairs from the target (host)
         self._guess: torch.Tensor | None = None  # [B, D] last guessed features, per row
 
     def admit(self, slot: int, prompt: list[int]) -> None:
@@ -139,7 +153,7 @@ class EagleDrafter(DraftModelDrafter):
 
     def add_features(self, slot: int, features: torch.Tensor) -> None:
         """The target's features [n, D] for the next ``n`` committed positions."""
-        self.pending.setdefault(slot, []).append(features.float())
+        self.pending.setdefault(slot, []).append(features.to(self.place.dtype))
 
     def rewind(self, slot: int, n_valid: int) -> None:
         self.cache.lengths[slot] = min(n_valid, int(self.trusted[slot]))
@@ -154,11 +168,13 @@ class EagleDrafter(DraftModelDrafter):
         B = len(rows)
         part = super().propose([rows[i] for i in ready], stop) if ready else Proposal.empty(0)
         K = part.tokens.shape[1]
-        tokens, lens = torch.zeros(B, K, dtype=torch.long), torch.zeros(B, dtype=torch.long)
+        tokens = torch.zeros(B, K, dtype=torch.long, device=self.place.device)
+        lens = np.zeros(B, dtype=np.int64)
         probs = None if part.probs is None else part.probs.new_zeros(B, K, self.vocab_size)
-        if ready:
-            idx = torch.tensor(ready)
-            tokens[idx], lens[idx] = part.tokens, part.lens
+        if ready and K:
+            idx = self.place.to_device(np.array(ready))
+            tokens[idx] = self.place.to_device(part.tokens)
+            lens[ready] = part.lens
             if probs is not None:
                 probs[idx] = part.probs
         return Proposal(tokens, lens, probs)
@@ -169,39 +185,52 @@ class EagleDrafter(DraftModelDrafter):
     def _pairs(self, slot: int, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """The pending features [n, D] and the embeddings of the tokens after them [n, D]."""
         features = torch.cat(self.pending[slot]) if self.pending[slot] else \
-            torch.zeros(0, self.model.config.hidden_size)
+            torch.zeros(0, self.model.config.hidden_size, device=self.place.device,
+                        dtype=self.place.dtype)
         self.pending[slot] = []
         start = int(self.trusted[slot])
-        nxt = torch.tensor(tokens[start + 1:start + 1 + len(features)])
+        nxt = self.place.tokens(tokens[start + 1:start + 1 + len(features)])
         return features, self.embed(nxt)
 
-    def _first_logits(self, rows: list[DraftRow], slots: torch.Tensor) -> torch.Tensor:
+    def _first_logits(self, rows: list[DraftRow], slots: np.ndarray) -> torch.Tensor:
         pairs = [self._pairs(r.slot, r.tokens) for r in rows]
         # a long backlog (a prompt) goes in alone, all but its last pair
         for r, (feats, embeds) in zip(rows, pairs):
             self.cache.lengths[r.slot] = self.trusted[r.slot]
             if len(feats) > 2:
-                self.model(feats[None, :-1], embeds[None, :-1], self.cache,
-                           torch.tensor([r.slot]))
+                self.model(feats[None, :-1], embeds[None, :-1], self.cache, [r.slot])
         fresh = [1 if len(f) > 2 else len(f) for f, _ in pairs]  # pairs for the batch call
         width = max(fresh)
-        D = self.model.config.hidden_size
-        feats = torch.zeros(len(rows), width, D)
-        embeds = torch.zeros(len(rows), width, D)
-        n_new = torch.zeros(len(rows), dtype=torch.long)
-        for i, ((f, e), n) in enumerate(zip(pairs, fresh)):
-            feats[i, :n], embeds[i, :n], n_new[i] = f[len(f) - n:], e[len(e) - n:], n
-        start = self.cache.lengths[slots].clone()
+        n_new = np.array(fresh, dtype=np.int64)
+        if all(n == width for n in fresh):  # no padding: one stack each
+            feats = torch.stack([f[len(f) - width:] for f, _ in pairs])  # [B, width, D]
+            embeds = torch.stack([e[len(e) - width:] for _, e in pairs])
+        else:
+            D = self.model.config.hidden_size
+            feats = torch.zeros(len(rows), width, D, device=self.place.device,
+                                dtype=self.place.dtype)
+            embeds = torch.zeros_like(feats)
+            for i, ((f, e), n) in enumerate(zip(pairs, fresh)):
+                feats[i, :n], embeds[i, :n] = f[len(f) - n:], e[len(e) - n:]
+        start = self.cache.lengths[slots].copy()
         guess = self.model(feats, embeds, self.cache, slots)  # [B, width, D]
         self.cache.lengths[slots] = start + n_new
         self.trusted[slots] = start + n_new
-        self._guess = guess[torch.arange(len(rows)), n_new - 1]  # [B, D]
+        if width == 1:
+            self._guess = guess[:, 0]  # [B, D]
+        else:
+            self._guess = guess[torch.arange(len(rows), device=guess.device),
+                                self.place.to_device(n_new - 1)]  # [B, D]
         return self.lm_head(self._guess)  # [B, N]
 
-    def _next_logits(self, pick: torch.Tensor, slots: torch.Tensor,
-                     active: torch.Tensor) -> torch.Tensor:
-        guess = self.model(self._guess[active][:, None], self.embed(pick)[:, None],
-                           self.cache, slots[active])[:, 0]  # [b, D]
-        self._guess[active] = guess
+    def _next_logits(self, pick: torch.Tensor, slots: np.ndarray,
+                     active_dev: torch.Tensor | None) -> torch.Tensor:
+        guess_in = self._guess if active_dev is None else self._guess[active_dev]
+        guess = self.model(guess_in[:, None], self.embed(pick)[:, None],
+                           self.cache, slots)[:, 0]  # [b, D]
+        if active_dev is None:
+            self._guess = guess
+        else:
+            self._guess = self._guess.index_copy(0, active_dev, guess)
         return self.lm_head(guess)  # [b, N]
 

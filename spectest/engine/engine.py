@@ -14,6 +14,11 @@ boundary), and while it is off, admits requests without a draft prefill.
 Cache invariant: at a round boundary the target cache of a slot holds every committed token but
 the last; the last token is the first input of the next verify.
 
+The device: tensors live where the target's weights are (``engine.device``); the bookkeeping
+(lengths, drafts per row, which rows are greedy) is the host's, so a round waits for the device
+once — the fetch of the accept decision (accepted counts, next tokens, drafts, any logprobs) —
+and a prefill once, for its first token. Per-request generators are made on the device.
+
 How the target samples, verifies and commits is a rules object chosen once at construction
 (``engine.faults``): the exact rules, or — for the auditor's tests — rules with deliberate bugs
 (``EngineConfig.faults``); the round itself has no fault branches.
@@ -36,18 +41,20 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
 import torch
-import torch.nn.functional as F
 
+from spectest.engine import logprobs as lp
 from spectest.engine.control import SpeculationControl, control_for
+from spectest.engine.device import Placement, fetch
 from spectest.engine.drafters import Drafter, DraftRow, NoDrafter
 from spectest.engine.faults import DEFAULT_FAULT_AFTER, FAULTS, RoundContext, rules_for
 from spectest.engine.penalties import Penalties, apply_penalties, position_counts
 from spectest.engine.policies import Decision, FixedK, KPolicy
 from spectest.engine.prefix_cache import PrefixCache
 from spectest.engine.requests import (GenerationRequest, RequestOutput, RequestStats,
-                                      RoundRecord, RowRecord, TokenLogprob)
-from spectest.engine.sampling import probs_from_logits, sample_from
+                                      RoundRecord, RowRecord)
+from spectest.engine.sampling import one_hot, probs_from_logits, sample_from
 from spectest.engine.scheduler import OutputCallback, Scheduler, SchedulerConfig, Sequence
 from spectest.engine.tokenizer import StreamDecoder, Tokenizer
 from spectest.engine.verify import verify_greedy
@@ -76,7 +83,7 @@ class SpecEngine:
                  policy: KPolicy | None = None, config: EngineConfig = EngineConfig(),
                  model_name: str = "target", observers: tuple[RoundObserver, ...] = (),
                  control: SpeculationControl | None = None):
-        self.target = target
+        self.target = target  # as engine.inference prepared it (build_engine), or as given
         self.tokenizer = tokenizer
         self.drafter = drafter
         self.policy = policy or FixedK(4)
@@ -88,7 +95,9 @@ class SpecEngine:
         self.control = control or control_for(self.policy, max(1, sc.spec_slots - 1),
                                               can_draft=not isinstance(drafter, NoDrafter))
         self.speculating = self.control.settings().enabled
+        self.place = Placement.of(target.embed_tokens)  # where the target's tensors live
         self.cache = target.new_cache(sc.max_num_seqs, sc.max_model_len)
+        self.phase_sync = False  # profiling: wait for the device between a round's phases
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
         # an EAGLE-style drafter reads the target's final-norm hidden states (engine.eagle)
         self.feeds_features = bool(getattr(drafter, "wants_features", False))
@@ -103,8 +112,8 @@ class SpecEngine:
     # --- public API ------------------------------------------------------------------------
     def submit(self, request: GenerationRequest, on_output: OutputCallback) -> None:
         """Queue a request; raises CapacityError / QueueFullError. Thread-safe."""
-        seq = self.scheduler.submit(request, on_output)
-        seq.decoder = StreamDecoder(self.tokenizer)
+        self.scheduler.submit(request, on_output, self.place.generator(request.params.seed),
+                              StreamDecoder(self.tokenizer))
 
     def cancel(self, request_id: str) -> None:
         """Free the request's slot at the next round boundary. Thread-safe."""
@@ -178,28 +187,32 @@ class SpecEngine:
         return bool(admitted or cancelled or preempted or running)
 
     # --- the target's sampling -----------------------------------------------------------
-    def _pick(self, seq: Sequence, logits: torch.Tensor) -> int:
-        """The target's token from one position's logits [V] (prefill's first token)."""
+    def _pick(self, seq: Sequence, logits: torch.Tensor) -> torch.Tensor:
+        """The target's token from one position's logits [V] (prefill's first token), as a
+        device tensor [1]."""
         params = seq.request.params
         pen = self.rules.target_penalties(self._penalties([seq]))
         if pen is not None:
             logits = apply_penalties(logits[None, None], pen, pen.output_counts[:, None])[0, 0]
         if params.greedy:
-            return int(logits.argmax())
+            return logits.argmax(-1, keepdim=True)
         probs = probs_from_logits(logits[None, None],
                                   *self.rules.target_side([params]))[0]  # [1, V]
-        return int(sample_from(probs, torch.rand(1, generator=seq.generator)))
+        return sample_from(probs, torch.rand(1, generator=seq.generator,
+                                             device=self.place.device))
 
     def _penalties(self, seqs: list[Sequence]) -> Penalties | None:
         """The requests' logit bias and penalties for their committed tokens (None: none)."""
         return Penalties.of([s.request.params for s in seqs], [s.tokens for s in seqs],
-                            [s.prompt_len for s in seqs], self.tokenizer.vocab_size)
+                            [s.prompt_len for s in seqs], self.tokenizer.vocab_size,
+                            self.place.device)
 
     # --- prefill ---------------------------------------------------------------------------
     def _prefill(self, seq: Sequence) -> None:
         """Compute the prompt into the slot's cache and emit the first token; or, for a
         sequence back from preemption, recompute every token it has but the last (the next
-        round's first input) and emit nothing."""
+        round's first input) and emit nothing. One wait for the device, for the first token
+        (and any logprobs asked for, in the same fetch)."""
         t0 = time.perf_counter()
         req = seq.request
         resume = seq.resume
@@ -211,22 +224,31 @@ class SpecEngine:
             self._admit_drafter(seq, ids, hidden)
             return
         logits = (out[0] if self.feeds_features else out)[0]  # [T or 1, V]
-        prompt_lps = None
-        if req.prompt_logprobs:
-            logprobs = F.log_softmax(logits[:-1].float(), dim=-1)  # [T-1, V]
-            prompt_lps = (None,) + tuple(
-                self._logprob(logprobs[i], req.prompt_ids[i + 1], req.logprobs or 0)
-                for i in range(len(req.prompt_ids) - 1))
+        top_n = req.logprobs or 0
+        wanted: list[torch.Tensor] = []
+        if req.prompt_logprobs:  # position i scores prompt token i + 1
+            wanted += lp.scored(logits[:-1], self.place.tokens(req.prompt_ids[1:]), top_n)
         if req.params.max_tokens == 0:
+            prompt_lps = self._prompt_logprobs(req, fetch(*wanted)) if wanted else None
             seq.on_output(RequestOutput(req.request_id, (), "", prompt_logprobs=prompt_lps))
             self._finish(seq, "length")
             return
-        first = self._pick(seq, logits[-1])
+        first = self._pick(seq, logits[-1])  # [1]
         self._admit_drafter(seq, req.prompt_ids, hidden)
-        lps = None
         if req.logprobs is not None:
-            lps = (self._logprob(F.log_softmax(logits[-1].float(), -1), first, req.logprobs),)
-        seq.on_output(self._emit(seq, [first], lps, prompt_lps)[1])
+            wanted += lp.scored(logits[-1:], first, top_n)
+        host = fetch(first, *wanted)  # the prefill's one wait
+        token = int(host[0][0])
+        prompt_lps, rest = None, host[1:]
+        if req.prompt_logprobs:
+            prompt_lps, rest = self._prompt_logprobs(req, rest[:3]), rest[3:]
+        lps = lp.records([token], *rest, top_n) if req.logprobs is not None else None
+        seq.on_output(self._emit(seq, [token], lps, prompt_lps)[1])
+
+    @staticmethod
+    def _prompt_logprobs(req: GenerationRequest, host: list[np.ndarray]):
+        """The prompt's logprobs (None for its first token) from fetched arrays."""
+        return (None,) + lp.records(list(req.prompt_ids[1:]), *host, req.logprobs or 0)
 
     def _fill(self, seq: Sequence, ids: tuple[int, ...], prompt_logprobs: bool):
         """Run the target over ``ids`` into the slot's (emptied) cache, restoring the longest
@@ -243,7 +265,7 @@ class SpecEngine:
                                 self.rules.restored(hit, req.speculative, self.prefix.block))
         if ids is req.prompt_ids:
             seq.cached_tokens = hit
-        out = self.target(torch.tensor([ids[hit:]]), self.cache, torch.tensor([seq.slot]),
+        out = self.target(self.place.tokens([ids[hit:]]), self.cache, [seq.slot],
                           last_only=not prompt_logprobs, with_hidden=self.feeds_features)
         hidden = out[1][0] if self.feeds_features else None  # [T - hit, D]
         if hit and hidden is not None:
@@ -263,9 +285,16 @@ class SpecEngine:
             self.drafter.add_features(seq.slot, hidden)
 
     # --- one round -------------------------------------------------------------------------
+    def _mark(self) -> float:
+        """A phase boundary: the time now (after the device has caught up, when profiling)."""
+        if self.phase_sync:
+            self.place.synchronize()
+        return time.perf_counter()
+
     def _round(self, seqs: list[Sequence]) -> None:
         B = len(seqs)
-        started = time.time()
+        place = self.place
+        started, t_start = time.time(), self._mark()
         decision = self.policy.choose(B) if self.speculating else SWITCHED_OFF
         max_len = self.config.scheduler.max_model_len
         rows: list[DraftRow] = []
@@ -278,46 +307,65 @@ class SpecEngine:
                 k = max(0, min(decision.k, p.max_tokens - seq.generated - 1,
                                max_len - len(seq.tokens) - 1))
             if not p.greedy:  # fixed draw count per round → reproducible from the seed
-                sampled_u[i] = torch.rand(2 * decision.k + 1, generator=seq.generator)
+                sampled_u[i] = torch.rand(2 * decision.k + 1, generator=seq.generator,
+                                          device=place.device)
             if k > 0:
                 rows.append(DraftRow(seq.slot, seq.tokens, k, p,
                                      sampled_u[i][:decision.k] if i in sampled_u else None,
                                      seq.prompt_len))
                 row_of.append(i)
 
-        t0 = time.perf_counter()
+        t0 = self._mark()
         proposal = self.drafter.propose(rows, stop=self.policy.stop_rule()) if rows else None
-        t1 = time.perf_counter()
+        t1 = self._mark()
 
-        K = int(proposal.lens.max()) if proposal is not None and len(rows) else 0
-        drafts = torch.zeros(B, K, dtype=torch.long)
-        lens = torch.zeros(B, dtype=torch.long)
+        lens = np.zeros(B, dtype=np.int64)  # drafts per row (host)
+        if proposal is not None:
+            lens[row_of] = proposal.lens
+        K = int(lens.max()) if B else 0
+        drafts = torch.zeros(B, K, dtype=torch.long, device=place.device)
         if K:
-            idx = torch.tensor(row_of)
-            drafts[idx] = proposal.tokens[:, :K]
-            lens[idx] = proposal.lens
-        slots = torch.tensor([s.slot for s in seqs])
-        feed = torch.cat([torch.tensor([[s.tokens[-1]] for s in seqs]), drafts], dim=1)
-        start = self.cache.lengths[slots].clone()
+            proposed = place.to_device(proposal.tokens)[:, :K]
+            if row_of == list(range(B)):
+                drafts = proposed
+            else:
+                drafts[place.to_device(np.array(row_of))] = proposed
+        slots = np.array([s.slot for s in seqs], dtype=np.int64)
+        last = place.tokens([[s.tokens[-1]] for s in seqs])  # [B, 1]
+        feed = torch.cat([last, drafts], dim=1) if K else last  # [B, K+1]
+        start = self.cache.lengths[slots].copy()
         hidden = None
         if self.feeds_features:
             logits, hidden = self.target(feed, self.cache, slots, with_hidden=True)
         else:
             logits = self.target(feed, self.cache, slots)  # [B, K+1, V]
+        t_model = self._mark()
 
-        n_acc, nxt = self._verify(seqs, proposal, row_of, drafts, lens, logits, sampled_u,
-                                  decision.k)
+        lens_dev = place.to_device(lens)
+        n_acc, nxt = self._verify(seqs, proposal, row_of, drafts, lens, lens_dev, logits,
+                                  sampled_u, decision.k)
+        want_lp = [i for i, s in enumerate(seqs) if s.request.logprobs is not None]
+        extra: tuple[torch.Tensor, ...] = ()
+        if want_lp:
+            idx = place.to_device(np.array(want_lp)) if len(want_lp) < B else None
+            sel = (lambda t: t) if idx is None else (lambda t: t[idx])
+            extra = lp.candidate_logprobs(
+                sel(logits), sel(drafts), sel(n_acc), sel(nxt),
+                max(seqs[i].request.logprobs for i in want_lp)).tensors()
+        t_accept = self._mark()
+        host = fetch(n_acc, nxt, drafts, *extra)  # the round's one wait for the device
         t2 = time.perf_counter()
 
-        # bookkeeping: the tensors cross to Python once, not one element at a time per row
-        n_prev = torch.tensor([len(s.tokens) for s in seqs])
-        self.cache.lengths[slots] = self.rules.committed(start, K, n_prev, n_acc,
+        # bookkeeping, on the host
+        accepted, bonus_tok, draft_ids = host[0].tolist(), host[1].tolist(), host[2].tolist()
+        n_prev = np.array([len(s.tokens) for s in seqs], dtype=np.int64)
+        self.cache.lengths[slots] = self.rules.committed(start, K, n_prev, host[0],
                                                          RoundContext(self.served, lens))
-        accepted, proposed, bonus_tok = n_acc.tolist(), lens.tolist(), nxt.tolist()
-        draft_ids = drafts.tolist()
+        proposed_k = lens.tolist()
+        lp_rows = {i: j for j, i in enumerate(want_lp)}
         row_records, outputs = [], []
         for i, seq in enumerate(seqs):
-            a, k_i = accepted[i], proposed[i]
+            a, k_i = accepted[i], proposed_k[i]
             self.drafter.rewind(seq.slot, len(seq.tokens) + a)
             if hidden is not None:  # the features of the committed positions [a + 1, D]
                 self.drafter.add_features(seq.slot, hidden[i, :a + 1])
@@ -333,22 +381,25 @@ class SpecEngine:
                 seq.steps.append((k_i, a))
             new = draft_ids[i][:a] + [bonus_tok[i]]
             lps = None
-            if seq.request.logprobs is not None:
-                row_lp = F.log_softmax(logits[i, :a + 1].float(), dim=-1)  # [a+1, V]
-                lps = tuple(self._logprob(row_lp[j], t, seq.request.logprobs)
-                            for j, t in enumerate(new))
+            if i in lp_rows:
+                j = lp_rows[i]
+                lps = lp.assemble(new, a, host[3][j], host[4][j], host[5][j], host[6][j],
+                                  seq.request.logprobs)
             emitted, out = self._emit(seq, new, lps)
             outputs.append((seq, out))
             row_records.append(RowRecord(seq.request.request_id, seq.request.tag, k_i, a,
                                          bool(k_i) and a == k_i, emitted,
                                          seq.request.speculative))
-        self.policy.observe(int(lens.sum()), int(n_acc.sum()))
+        self.policy.observe(int(lens.sum()), int(sum(accepted)))
         running, waiting = self.scheduler.counts()
         record = RoundRecord(self.rounds, started, B, decision.k, decision.reason, t1 - t0,
                              t2 - t1, tuple(row_records), self.drafter.name, running, waiting,
                              self.kv_usage(),
                              proposal.network_seconds if proposal is not None else 0.0,
-                             proposal.error if proposal is not None else None)
+                             proposal.error if proposal is not None else None,
+                             target_seconds=t_model - t1, accept_seconds=t_accept - t_model,
+                             sync_seconds=t2 - t_accept,
+                             round_seconds=time.perf_counter() - t_start)
         self.rounds += 1
         try:  # observers first: a client that has its last token, then reads the server's
             for observer in self.observers:  # counters, finds that token counted
@@ -357,50 +408,56 @@ class SpecEngine:
             for seq, out in outputs:
                 seq.on_output(out)
 
-    def _verify(self, seqs, proposal, row_of, drafts, lens, logits, sampled_u, k_chosen):
-        """Accepted drafts and the next token per row [B], [B]: greedy rows by matching the
-        target's argmax, sampled rows by rejection sampling (the rules say which is which)."""
+    def _verify(self, seqs, proposal, row_of, drafts, lens, lens_dev, logits, sampled_u,
+                k_chosen):
+        """Accepted drafts and the next token per row [B], [B] (device): greedy rows by
+        matching the target's argmax, sampled rows by rejection sampling (the rules say which
+        is which, on the host)."""
         B, K = drafts.shape
-        n_acc = torch.zeros(B, dtype=torch.long)
-        nxt = torch.zeros(B, dtype=torch.long)
-        pen = self.rules.target_penalties(self._penalties(seqs), lens)
+        place = self.place
+        params = [s.request.params for s in seqs]
+        pen = self.rules.target_penalties(self._penalties(seqs), lens_dev)
         if pen is not None:  # position j sees the committed tokens and drafts[:, :j]
             logits = apply_penalties(logits, pen, position_counts(pen.output_counts, drafts))
-        greedy = self.rules.greedy_rows([s.request.params for s in seqs], lens)
-        if bool(greedy.any()):
-            g = greedy.nonzero().flatten()
-            n_acc[g], nxt[g] = verify_greedy(drafts[g], lens[g], logits[g])
-        if not bool(greedy.all()):
-            s_idx = (~greedy).nonzero().flatten()
-            params = [seqs[int(i)].request.params for i in s_idx]
-            target_probs = probs_from_logits(logits[s_idx], *self.rules.target_side(params))
-            draft_probs = self._draft_probs(proposal, row_of, s_idx, drafts, K,
-                                            target_probs.shape[-1])
-            u = torch.stack([sampled_u[int(i)] for i in s_idx])  # [b, 2k+1]
-            acc_u = u[:, k_chosen:k_chosen + K] if K else u[:, :0]
-            n_acc[s_idx], nxt[s_idx] = self.rules.verify_sampled(
-                drafts[s_idx], lens[s_idx], draft_probs, target_probs, acc_u, u[:, -1])
+        greedy = self.rules.greedy_rows(params, lens)  # [B] host
+        if greedy.all():
+            return verify_greedy(drafts, lens_dev, logits)
+        s_rows = np.flatnonzero(~greedy)
+        s_idx = None if len(s_rows) == B else place.to_device(s_rows)
+        sel = (lambda t: t) if s_idx is None else (lambda t: t[s_idx])
+        target_probs = probs_from_logits(sel(logits),
+                                         *self.rules.target_side([params[i] for i in s_rows]))
+        draft_probs = self._draft_probs(proposal, row_of, s_rows, sel(drafts),
+                                        target_probs.shape[-1])
+        u = torch.stack([sampled_u[i] for i in s_rows])  # [b, 2k+1]
+        acc_u = u[:, k_chosen:k_chosen + K]
+        n_s, next_s = self.rules.verify_sampled(sel(drafts), sel(lens_dev), draft_probs,
+                                                target_probs, acc_u, u[:, -1])
+        if s_idx is None:
+            return n_s, next_s
+        g_idx = place.to_device(np.flatnonzero(greedy))
+        n_g, next_g = verify_greedy(drafts[g_idx], lens_dev[g_idx], logits[g_idx])
+        n_acc = torch.empty(B, dtype=torch.long, device=place.device)
+        nxt = torch.empty(B, dtype=torch.long, device=place.device)
+        n_acc[g_idx], nxt[g_idx] = n_g, next_g
+        n_acc[s_idx], nxt[s_idx] = n_s, next_s
         return n_acc, nxt
 
-    @staticmethod
-    def _draft_probs(proposal, row_of, s_idx, drafts, K, V) -> torch.Tensor:
-        """Draft distributions for the sampled rows [b, K, V] (one-hot for n-gram drafts)."""
-        out = F.one_hot(drafts[s_idx], V).float() if K else torch.zeros(len(s_idx), 0, V)
+    def _draft_probs(self, proposal, row_of, s_rows, drafts, V) -> torch.Tensor:
+        """Draft distributions for the sampled rows [b, K, V] (one-hot for n-gram drafts);
+        ``drafts``: theirs [b, K]."""
+        K = drafts.shape[1]
+        out = one_hot(drafts, V)  # [b, K, V]
         if K and proposal is not None and proposal.probs is not None:
             where = {r: j for j, r in enumerate(row_of)}
-            for j, i in enumerate(s_idx.tolist()):
-                if i in where:
-                    out[j] = proposal.probs[where[i], :K]
+            pairs = [(j, where[i]) for j, i in enumerate(s_rows.tolist()) if i in where]
+            if pairs:
+                dst = self.place.to_device(np.array([d for d, _ in pairs]))
+                src = self.place.to_device(np.array([s for _, s in pairs]))
+                out[dst] = self.place.to_device(proposal.probs)[src, :K].float()
         return out
 
     # --- outputs -----------------------------------------------------------------------------
-    def _logprob(self, logprobs: torch.Tensor, token: int, top_n: int) -> TokenLogprob:
-        top = ()
-        if top_n:
-            values, ids = logprobs.topk(top_n)
-            top = tuple(zip(ids.tolist(), values.tolist()))
-        return TokenLogprob(int(token), float(logprobs[token]), top)
-
     def _emit(self, seq: Sequence, new: list[int], lps,
               prompt_lps=None) -> tuple[int, RequestOutput]:
         """Append tokens, apply stop rules, build the delta for the caller to send. Returns

@@ -33,6 +33,7 @@ import logging
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from spectest.engine.penalties import Penalties
@@ -75,42 +76,43 @@ DEFAULT_FAULT_AFTER = 1500
 
 @dataclass(frozen=True)
 class RoundContext:
-    """What a conditional fault may depend on, per round."""
+    """What a conditional fault may depend on, per round (host values)."""
 
     served: int = 0  # requests the engine has finished since it started
-    drafted: torch.Tensor | None = None  # [B] drafts each row verified this round
+    drafted: np.ndarray | None = None  # [B] drafts each row verified this round
 
 
 class ExactRules:
     """Exact speculative decoding: the output is distributed as the target's alone."""
 
     def target_side(self, params: Sequence[SamplingParams]):
-        """Per row: (temperature [B], top-k [B], top-p [B], min-p [B]) of the target's
-        distribution."""
-        return (torch.tensor([1.0 if p.greedy else p.temperature for p in params]),
-                torch.tensor([p.top_k for p in params]),
-                torch.tensor([p.top_p for p in params]),
-                torch.tensor([p.min_p for p in params]))
+        """Per row, on the host: (temperature [B], top-k [B], top-p [B], min-p [B]) of the
+        target's distribution."""
+        return (np.array([1.0 if p.greedy else p.temperature for p in params], np.float32),
+                np.array([p.top_k for p in params], np.int64),
+                np.array([p.top_p for p in params], np.float32),
+                np.array([p.min_p for p in params], np.float32))
 
     def target_penalties(self, penalties: Penalties | None,
                          drafted: torch.Tensor | None = None) -> Penalties | None:
         """The logit adjustments the target samples and verifies with: the requests'.
-        ``drafted`` [B]: drafts each row verifies this round (None: a prefill)."""
+        ``drafted`` [B] (device): drafts each row verifies this round (None: a prefill)."""
         return penalties
 
     def greedy_rows(self, params: Sequence[SamplingParams],
-                    drafted: torch.Tensor | None = None) -> torch.Tensor:
-        """Which rows verify by greedy matching [B] (``drafted`` [B]: drafts per row)."""
-        return torch.tensor([p.greedy for p in params])
+                    drafted: np.ndarray | None = None) -> np.ndarray:
+        """Which rows verify by greedy matching [B] (host: the round branches on it;
+        ``drafted`` [B]: drafts per row)."""
+        return np.array([p.greedy for p in params], dtype=np.bool_)
 
     def verify_sampled(self, drafts, lens, draft_probs, target_probs, accept_u, sample_u):
         return verify_sampled(drafts, lens, draft_probs, target_probs, accept_u, sample_u)
 
-    def committed(self, start: torch.Tensor, k: int, n_prev: torch.Tensor,
-                  n_accepted: torch.Tensor, ctx: RoundContext = RoundContext()) -> torch.Tensor:
-        """Cache lengths after a round that fed ``k + 1`` positions from ``start``: every
-        committed token but the last (the next round's first input)."""
-        return torch.minimum(start + k + 1, n_prev + n_accepted)
+    def committed(self, start: np.ndarray, k: int, n_prev: np.ndarray,
+                  n_accepted: np.ndarray, ctx: RoundContext = RoundContext()) -> np.ndarray:
+        """Cache lengths [B] (host) after a round that fed ``k + 1`` positions from ``start``:
+        every committed token but the last (the next round's first input)."""
+        return np.minimum(start + k + 1, n_prev + n_accepted)
 
     def restored(self, hit: int, speculative: bool, block: int) -> int:
         """Positions of a ``hit``-token prefix-cache hit (whole blocks of ``block``) copied
@@ -126,14 +128,14 @@ class FaultyRules(ExactRules):
         self.faults = frozenset(faults)
         self.lossy_threshold = lossy_threshold
         self.fault_after = fault_after
-        self._decay = torch.Generator().manual_seed(0)  # which rounds go wrong: reproducible
+        self._decay = np.random.default_rng(0)  # which rounds go wrong: reproducible
 
     def target_side(self, params: Sequence[SamplingParams]):
         temperature, top_k, top_p, min_p = super().target_side(params)
         if "draft-only-temperature" in self.faults:
-            temperature = torch.ones(len(params))
+            temperature = np.ones(len(params), np.float32)
         if "draft-only-top-p" in self.faults:
-            top_p = torch.ones(len(params))
+            top_p = np.ones(len(params), np.float32)
         return temperature, top_k, top_p, min_p
 
     def target_penalties(self, penalties, drafted=None):
@@ -150,9 +152,9 @@ class FaultyRules(ExactRules):
     def greedy_rows(self, params, drafted=None):
         greedy = super().greedy_rows(params)
         if "greedy-verify-sampled" in self.faults:
-            return torch.ones(len(params), dtype=torch.bool)
-        if "mixed-batch-greedy" in self.faults and bool(greedy.any()):
-            spec = drafted > 0 if drafted is not None else torch.ones_like(greedy)
+            return np.ones(len(params), dtype=np.bool_)
+        if "mixed-batch-greedy" in self.faults and greedy.any():
+            spec = drafted > 0 if drafted is not None else np.ones_like(greedy)
             return greedy | spec  # the rows that verify drafts take the greedy rows' rule
         return greedy
 
@@ -162,18 +164,19 @@ class FaultyRules(ExactRules):
                                                if "lossy-threshold" in self.faults else None))
 
     def committed(self, start, k, n_prev, n_accepted, ctx=RoundContext()):
-        extra = torch.zeros_like(start)
+        extra = np.zeros_like(start)
         if "kv-rewind-off-by-one" in self.faults:
             extra += 1
         # the conditional ones touch speculated rows only (rows that verified drafts)
-        spec = (ctx.drafted > 0).long() if ctx.drafted is not None else torch.ones_like(start)
+        spec = (ctx.drafted > 0).astype(np.int64) if ctx.drafted is not None else \
+            np.ones_like(start)
         if "rewind-past-256" in self.faults:
-            extra |= (start >= PAST).long() & spec
+            extra |= (start >= PAST).astype(np.int64) & spec
         late = ctx.served - self.fault_after
         if "decay-after-requests" in self.faults and late > 0:
             rate = min(1.0, late / self.fault_after)
-            extra |= (torch.rand(len(start), generator=self._decay) < rate).long() & spec
-        return torch.minimum(start + k + 1, n_prev + n_accepted + extra.clamp(max=1))
+            extra |= (self._decay.random(len(start)) < rate).astype(np.int64) & spec
+        return np.minimum(start + k + 1, n_prev + n_accepted + np.minimum(extra, 1))
 
     def restored(self, hit: int, speculative: bool, block: int) -> int:
         if "prefix-hit-stale-kv" in self.faults and speculative and hit:

@@ -19,7 +19,8 @@ memory-bound and a (K+1)-row verify costs well over a step in fp32 GEMMs. Int8 w
 quarter of that, which shortens both (``benchmarks/models.py --pair smollm2``; figures in
 docs/results.md). The tiny embedded pair is overhead-bound and stays fp32.
 
-Does not know: files, sampling, speculation. The embedding table stays float (a lookup reads
+CPU only: ``should_quantize`` refuses int8 on another device. Does not know: files, sampling,
+speculation. The embedding table stays float (a lookup reads
 one row); a tied LM head gets its own int8 copy. ``torch.ao`` quantized tensors are deprecated
 upstream; they are used only to build the packed weight, behind a warnings filter.
 """
@@ -110,6 +111,7 @@ def quantize_layer_int8(layer: nn.Module) -> None:
     """One decoder layer's projections to int8, q/k/v and gate/up fused (in place)."""
     with torch.no_grad():
         attn, mlp = layer.self_attn, layer.mlp
+        layer.plan = None  # its fast path is rebuilt from the new modules (freeze_plans)
         attn.qkv_proj = _linear_int8(attn.q_proj, attn.k_proj, attn.v_proj)
         attn.q_proj = attn.k_proj = attn.v_proj = None
         attn.o_proj = _linear_int8(attn.o_proj)
@@ -132,13 +134,21 @@ def quantize_int8(model: Transformer) -> Transformer:
     return model
 
 
-def should_quantize(choice: str, model: Transformer, target_params: int | None = None) -> bool:
-    """``--quantize``: ``int8`` / ``none``, or ``auto`` = int8 for models of ≥ 50M parameters.
-    A draft follows its target (``target_params``: the target's count), so that greedy
+def should_quantize(choice: str, model: Transformer, target_params: int | None = None,
+                    device: torch.device = torch.device("cpu")) -> bool:
+    """``--quantize``: ``int8`` / ``none``, or ``auto`` = int8 for models of ≥ 50M parameters
+    on the CPU (never on a GPU: fbgemm is a CPU library; the weights are bf16/fp16 there). A
+    draft follows its target (``target_params``: the target's count), so that greedy
     acceptance is the same wherever the draft runs."""
     if choice not in QUANTIZE_CHOICES:
         raise ValueError(f"unknown --quantize {choice!r} (choose from "
                          f"{', '.join(QUANTIZE_CHOICES)})")
+    if device.type != "cpu":
+        if choice == "int8":
+            raise ValueError(f"--quantize int8 runs on the CPU only (fbgemm's int8 kernels); "
+                             f"on {device} use --quantize none or auto (half-precision "
+                             f"weights there, --dtype)")
+        return False
     if choice == "auto":
         params = target_params or sum(p.numel() for p in model.parameters())
         return params >= AUTO_INT8_MIN_PARAMS

@@ -24,10 +24,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
-import torch.nn.functional as F
 
-from spectest.engine.sampling import SamplingParams
+from spectest.engine.device import to_device
+from spectest.engine.sampling import SamplingParams, one_hot
 
 
 @dataclass(frozen=True)
@@ -41,17 +42,19 @@ class Penalties:
 
     @staticmethod
     def of(params: Sequence[SamplingParams], tokens: Sequence[Sequence[int]],
-           prompt_lens: Sequence[int], vocab: int) -> Penalties | None:
-        """The batch's adjustments, or None when no row has any (the common case: free).
+           prompt_lens: Sequence[int], vocab: int,
+           device: torch.device = torch.device("cpu")) -> Penalties | None:
+        """The batch's adjustments on ``device``, or None when no row has any (the common
+        case: free). Built on the host from the tokens it holds, then copied once.
 
         ``tokens[b]``: row b's prompt + output so far (the committed tokens); its first
         ``prompt_lens[b]`` are the prompt."""
         if not any(p.penalized for p in params):
             return None
         B = len(params)
-        bias = torch.zeros(B, vocab)
-        counts = torch.zeros(B, vocab)
-        in_prompt = torch.zeros(B, vocab, dtype=torch.bool)
+        bias = np.zeros((B, vocab), dtype=np.float32)
+        counts = np.zeros((B, vocab), dtype=np.float32)
+        in_prompt = np.zeros((B, vocab), dtype=np.bool_)
         for b, (p, toks, n) in enumerate(zip(params, tokens, prompt_lens)):
             if not p.penalized:
                 continue
@@ -59,14 +62,18 @@ class Penalties:
                 if 0 <= token < vocab:
                     bias[b, token] += value
             if p.repetition_penalty != 1.0:
-                in_prompt[b, torch.tensor(toks[:n], dtype=torch.long)] = True
+                in_prompt[b, np.asarray(toks[:n], dtype=np.int64)] = True
             if len(toks) > n:
-                counts[b] = torch.bincount(torch.tensor(toks[n:], dtype=torch.long),
-                                           minlength=vocab)[:vocab].float()
-        return Penalties(bias, torch.tensor([p.presence_penalty for p in params]),
-                         torch.tensor([p.frequency_penalty for p in params]),
-                         torch.tensor([p.repetition_penalty for p in params]), counts,
-                         in_prompt)
+                counts[b] = np.bincount(np.asarray(toks[n:], dtype=np.int64),
+                                        minlength=vocab)[:vocab]
+
+        def dev(values, dtype=np.float32):
+            return to_device(np.asarray(values, dtype=dtype), device)
+
+        return Penalties(dev(bias), dev([p.presence_penalty for p in params]),
+                         dev([p.frequency_penalty for p in params]),
+                         dev([p.repetition_penalty for p in params]), dev(counts),
+                         dev(in_prompt, np.bool_))
 
     def select(self, rows: torch.Tensor) -> Penalties:
         """The adjustments of ``rows`` [b] (indices into the batch)."""
@@ -81,7 +88,7 @@ def position_counts(output_counts: torch.Tensor, drafted: torch.Tensor) -> torch
     B, K = drafted.shape
     if K == 0:
         return output_counts[:, None]
-    seen = F.one_hot(drafted, output_counts.shape[-1]).float().cumsum(1)  # [B, K, V]
+    seen = one_hot(drafted, output_counts.shape[-1]).cumsum(1)  # [B, K, V]
     return output_counts[:, None] + torch.cat([seen.new_zeros(B, 1, seen.shape[-1]), seen], 1)
 
 

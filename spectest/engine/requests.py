@@ -112,3 +112,11 @@ class RoundRecord:
     kv_usage: float  # 0..1 of the target's KV positions in use
     network_seconds: float = 0.0  # part of draft_seconds outside the draft model (remote drafter)
     draft_error: str | None = None  # the drafter failed this round; it ran without drafts
+    # verify_seconds split in three: the target's forward, the accept decision (verification,
+    # logprobs) and the host's one wait for the device; with the drafting and the rest of the
+    # round (Python bookkeeping) they make round_seconds. On a GPU kernels run asynchronously:
+    # their time lands in the wait unless the engine syncs at each phase (``spectest profile``)
+    target_seconds: float = 0.0
+    accept_seconds: float = 0.0
+    sync_seconds: float = 0.0
+    round_seconds: float = 0.0

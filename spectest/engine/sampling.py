@@ -8,15 +8,18 @@ presence / frequency / repetition penalties — are applied to the logits before
 position, by ``engine.penalties``.
 
 Does not know: models, caches or requests. Random draws are made by the caller from per-request
-generators (:func:`uniforms`) so a sampled run is reproducible from its seed alone, whatever
-else shares the batch.
+generators on the engine's device (:func:`make_generator`) so a sampled run is reproducible
+from its seed alone, whatever else shares the batch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+from spectest.engine.device import Placement, to_device
 
 
 @dataclass(frozen=True)
@@ -62,43 +65,55 @@ class SamplingParams:
         return self.temperature < 1e-5
 
 
-def probs_from_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                      top_p: torch.Tensor, min_p: torch.Tensor | None = None) -> torch.Tensor:
+def probs_from_logits(logits: torch.Tensor, temperature, top_k, top_p,
+                      min_p=None) -> torch.Tensor:
     """Per-row sampling distribution.
 
-    logits [B, T, V]; temperature [B] (> 0), top_k [B] (<= 0 = off), top_p [B] in (0, 1],
-    min_p [B] in [0, 1] (None or 0 = off). Returns probs [B, T, V] in float32 that sum to 1
-    over V. vLLM's order: temperature, then min-p (tokens whose probability is below min_p ×
-    the largest are dropped), then top-k and top-p on what is left. Truncation keeps every
-    token whose logit ties the k-th largest (so the result does not depend on sort order at
-    ties) and the smallest prefix of the sorted distribution whose mass reaches top_p.
+    logits [B, T, V] on the device; per row, on the host (NumPy arrays or sequences; tensors
+    are read once): temperature [B] (> 0), top_k [B] (<= 0 = off), top_p [B] in (0, 1], min_p
+    [B] in [0, 1] (None or 0 = off). Which truncations run is decided on the host, so nothing
+    here waits for the device. Returns probs [B, T, V] in float32 that sum to 1 over V. vLLM's
+    order: temperature, then min-p (tokens whose probability is below min_p × the largest are
+    dropped), then top-k and top-p on what is left. Truncation keeps every token whose logit
+    ties the k-th largest (so the result does not depend on sort order at ties) and the
+    smallest prefix of the sorted distribution whose mass reaches top_p.
     """
-    logits = logits.float() / temperature[:, None, None]  # [B, T, V]
-    if min_p is not None and bool((min_p > 0).any()):
+    device = logits.device
+    temperature = np.asarray(temperature, dtype=np.float32)
+    top_k, top_p = np.asarray(top_k, dtype=np.int64), np.asarray(top_p, dtype=np.float32)
+    logits = logits.float() / to_device(temperature, device)[:, None, None]  # [B, T, V]
+    if min_p is not None and (np.asarray(min_p) > 0).any():
         probs = logits.softmax(-1)  # [B, T, V]
-        floor = probs.amax(-1, keepdim=True) * min_p[:, None, None]  # [B, T, 1]
+        floor = probs.amax(-1, keepdim=True) * to_device(
+            np.asarray(min_p, dtype=np.float32), device)[:, None, None]  # [B, T, 1]
         logits = logits.masked_fill(probs < floor, float("-inf"))
-    use_k = bool((top_k > 0).any())
-    use_p = bool((top_p < 1).any())
+    use_k, use_p = bool((top_k > 0).any()), bool((top_p < 1).any())
     if use_k or use_p:
         sorted_logits, _ = logits.sort(dim=-1, descending=True)  # [B, T, V]
         V = logits.shape[-1]
         keep_floor = sorted_logits[..., -1:].clone()  # [B, T, 1] minimum logit: keeps all
         if use_k:
-            k = torch.where(top_k > 0, top_k.clamp(max=V), V)  # [B]
+            k = to_device(np.where(top_k > 0, np.minimum(top_k, V), V), device)  # [B]
             kth = sorted_logits.gather(-1, (k - 1)[:, None, None].expand(-1, logits.shape[1], 1))
             keep_floor = torch.maximum(keep_floor, kth)
             sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
         if use_p:
             sorted_probs = sorted_logits.softmax(-1)  # [B, T, V]
             mass_before = sorted_probs.cumsum(-1) - sorted_probs
-            cut = mass_before >= top_p[:, None, None]  # tokens entirely past the nucleus
+            cut = mass_before >= to_device(top_p, device)[:, None, None]  # past the nucleus
             cut[..., 0] = False
             last_kept = (~cut).sum(-1, keepdim=True) - 1  # [B, T, 1]
             pth = sorted_logits.gather(-1, last_kept)
             keep_floor = torch.maximum(keep_floor, pth)
         logits = logits.masked_fill(logits < keep_floor, float("-inf"))
     return logits.softmax(-1)
+
+
+def one_hot(ids: torch.Tensor, n: int) -> torch.Tensor:
+    """ids [...] → float32 [..., n] with a 1 at each id: ``F.one_hot`` without its range check,
+    which reads the device (the ids come from our own drafts and argmaxes)."""
+    out = torch.zeros(*ids.shape, n, device=ids.device)
+    return out.scatter_(-1, ids.unsqueeze(-1), 1.0)
 
 
 def sample_from(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
@@ -108,12 +123,6 @@ def sample_from(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf, u, right=True).clamp(max=probs.shape[-1] - 1).squeeze(-1)
 
 
-def uniforms(generators: list[torch.Generator | None], n: int) -> torch.Tensor:
-    """[B, n] uniforms, row b drawn from ``generators[b]`` (the global RNG when None)."""
-    return torch.stack([torch.rand(n, generator=g) for g in generators])
-
-
-def make_generator(seed: int | None) -> torch.Generator:
-    gen = torch.Generator()
-    gen.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,))))
-    return gen
+def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
+    """A per-request generator on ``device`` (``engine.device.Placement.generator``)."""
+    return Placement(torch.device(device)).generator(seed)

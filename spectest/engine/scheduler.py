@@ -31,7 +31,6 @@ import torch
 
 from spectest.engine.requests import (CapacityError, GenerationRequest, QueueFullError,
                                       RequestOutput)
-from spectest.engine.sampling import make_generator
 
 OutputCallback = Callable[[RequestOutput], None]
 
@@ -104,7 +103,10 @@ class Scheduler:
     def need(self, request: GenerationRequest) -> int:
         return len(request.prompt_ids) + request.params.max_tokens + self.config.spec_slots
 
-    def submit(self, request: GenerationRequest, on_output: OutputCallback) -> Sequence:
+    def submit(self, request: GenerationRequest, on_output: OutputCallback,
+               generator: torch.Generator | None = None, decoder: object = None) -> Sequence:
+        """Queue a request (its random generator and stream decoder set before the engine
+        thread can see it)."""
         if not request.prompt_ids:
             raise CapacityError("the prompt is empty")
         need = self.need(request)
@@ -114,8 +116,8 @@ class Scheduler:
                 f"request needs {need} KV positions (prompt {len(request.prompt_ids)} + "
                 f"max_tokens {request.params.max_tokens} + {self.config.spec_slots} speculative)"
                 f" but a sequence can hold at most {limit}")
-        seq = Sequence(request, on_output, time.perf_counter(), list(request.prompt_ids))
-        seq.generator = make_generator(request.params.seed)
+        seq = Sequence(request, on_output, time.perf_counter(), list(request.prompt_ids),
+                       decoder=decoder, generator=generator)
         with self.lock:
             # requests that will take a free slot at the next round are not really waiting
             if len(self.waiting) >= self.config.max_waiting + len(self.free_slots):

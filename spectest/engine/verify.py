@@ -5,7 +5,9 @@ and return, per row, how many drafts are accepted and the one extra token the ta
 (the correction after a rejection, or the bonus token after full acceptance).
 
 Does not know: models, caches, requests or randomness sources — uniforms are passed in, so the
-functions are deterministic and testable on synthetic distributions.
+functions are deterministic and testable on synthetic distributions. Every argument is a device
+tensor (``draft_lens`` too) and nothing here reads one back: the caller fetches the result
+once (``engine.device.fetch``).
 
 Rejection sampling (Leviathan et al. 2023; Chen et al. 2023): accept draft x_i with probability
 min(1, target_probs_i[x_i] / draft_probs_i[x_i]); at the first rejection emit a token from
@@ -35,7 +37,7 @@ def verify_greedy(draft_tokens: torch.Tensor, draft_lens: torch.Tensor,
     """
     B, K = draft_tokens.shape
     target_argmax = target_logits.argmax(dim=-1)  # [B, K+1]
-    in_draft = torch.arange(K)[None, :] < draft_lens[:, None]  # [B, K]
+    in_draft = torch.arange(K, device=draft_tokens.device)[None, :] < draft_lens[:, None]
     ok = (draft_tokens == target_argmax[:, :K]) & in_draft
     n_accepted = _first_false(ok)  # [B]
     next_token = target_argmax.gather(1, n_accepted[:, None]).squeeze(1)  # [B]
@@ -56,7 +58,6 @@ def verify_sampled(draft_tokens: torch.Tensor, draft_lens: torch.Tensor,
     Returns (n_accepted [B], next_token [B]).
     """
     B, K = draft_tokens.shape
-    V = target_probs.shape[-1]
     idx = draft_tokens[..., None]  # [B, K, 1]
     target_at_draft = target_probs[:, :K].gather(-1, idx).squeeze(-1)  # [B, K]
     draft_at_draft = draft_probs.gather(-1, idx).squeeze(-1)  # [B, K]
@@ -64,10 +65,10 @@ def verify_sampled(draft_tokens: torch.Tensor, draft_lens: torch.Tensor,
     ok = accept_uniforms < ratio.clamp(max=1.0)  # [B, K]
     if lossy_threshold is not None:
         ok = ok | (target_at_draft > lossy_threshold)
-    in_draft = torch.arange(K)[None, :] < draft_lens[:, None]
+    in_draft = torch.arange(K, device=draft_tokens.device)[None, :] < draft_lens[:, None]
     n_accepted = _first_false(ok & in_draft)  # [B]
 
-    rows = torch.arange(B)
+    rows = torch.arange(B, device=draft_tokens.device)
     target_next = target_probs[rows, n_accepted]  # [B, V]
     rejected = n_accepted < draft_lens  # [B]
     if K > 0:
@@ -80,6 +81,5 @@ def verify_sampled(draft_tokens: torch.Tensor, draft_lens: torch.Tensor,
         next_dist = torch.where(rejected[:, None], residual, target_next)  # [B, V]
     else:
         next_dist = target_next
-    assert next_dist.shape == (B, V)
     next_token = sample_from(next_dist, sample_uniforms)
     return n_accepted, next_token

@@ -137,7 +137,7 @@ class RemoteDrafter:
                         time.monotonic() - self._down_since)
             self._down_since, self._backoff = None, self.retry_s
         total = time.perf_counter() - t0
-        return Proposal(answer.tokens, answer.lens, answer.probs,
+        return Proposal(answer.tokens, answer.lens.numpy(), answer.probs,
                         network_seconds=max(0.0, total - answer.draft_seconds))
 
     # --- internals ----------------------------------------------------------------------------

@@ -137,7 +137,7 @@ def encode_answer(tokens: torch.Tensor, lens: torch.Tensor, probs: torch.Tensor 
               "vocab_size": int(probs.shape[-1]) if send else 0,
               "draft_seconds": draft_seconds}
     head = json.dumps(header, separators=(",", ":")).encode()
-    body = probs[sampled_rows].contiguous().numpy().astype("<f4", copy=False).tobytes() \
+    body = probs[sampled_rows].contiguous().cpu().numpy().astype("<f4", copy=False).tobytes() \
         if send else b""
     return struct.pack(">I", len(head)) + head + body
 

@@ -26,6 +26,7 @@ from spectest.engine.api import (COMPANION_DRAFTS, DRAFTERS, build_engine, defau
                                  describe_default_k, model_context_length,
                                  resolve_model_path)
 from spectest.engine.control import PolicyOptions
+from spectest.engine.device import DEVICE_CHOICES, DTYPE_CHOICES
 from spectest.engine.drafters import NGRAM_MAX, NGRAM_MIN
 from spectest.engine.faults import DEFAULT_FAULT_AFTER, FAULTS
 from spectest.engine.int8 import QUANTIZE_CHOICES
@@ -36,6 +37,7 @@ from spectest.server.app import Server, ServerConfig
 from spectest.telemetry.tracing import build_tracer_provider
 
 EMBEDDED_NAME = "spectest-demo"
+SHORT_DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -103,6 +105,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="write OpenTelemetry spans as JSON lines to this file")
     p.add_argument("--trace-content", action="store_true",
                    help="put prompt text in span attributes (off by default)")
+    p.add_argument("--device", choices=DEVICE_CHOICES, default="auto",
+                   help="where the engine runs: cuda, cpu, or auto = a GPU when torch sees "
+                        "one (default). On a GPU decode and verify replay captured CUDA graphs "
+                        "and the weights are bf16/fp16 for models of >= 50M parameters")
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
+                   help="the weights' dtype on the device (auto: fp32 on the CPU; on a GPU "
+                        "bf16, or fp16 where it has no bf16, for models of >= 50M parameters, "
+                        "fp32 below)")
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+                   help="on a GPU, replay decode and verify from captured CUDA graphs "
+                        "(default on; --no-cuda-graphs runs every forward eagerly)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: one core less than this process may "
                         "use, at least 1 — the event loop needs the other; see default_threads)")
@@ -163,7 +176,8 @@ def build_server(args) -> Server:
                           ngram_max=args.ngram_max, ngram_min=args.ngram_min,
                           k_reserve=k_limit, policy_options=runtime, drafter_instance=remote,
                           quantize=args.quantize, prefix_cache_mb=args.prefix_cache_mb,
-                          kv_budget_tokens=args.kv_budget_tokens, fault_after=args.fault_after)
+                          kv_budget_tokens=args.kv_budget_tokens, fault_after=args.fault_after,
+                          device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs)
     if remote is not None:  # refuses a draft server whose tokenizer differs from the target's
         info = remote.connect(engine.tokenizer.fingerprint)
         if info.quantization != engine.target.quantization:
@@ -207,10 +221,14 @@ def main(args) -> int:
     threads = (f"{torch.get_num_threads()} torch thread(s)" + ("" if args.threads else
                " (default: usable cores − 1, the event loop gets the other; --threads N)"))
     drafter = engine.drafter.name + (f" via {args.draft_url}" if args.draft_url else "")
-    weights = ("int8" if engine.target.quantization == "int8" else "fp32") + (
+    weights = ("int8" if engine.target.quantization == "int8" else
+               SHORT_DTYPE.get(engine.place.dtype, str(engine.place.dtype))) + (
         " (--quantize auto)" if args.quantize == "auto" else "")
+    where = f"on {engine.place.describe()}" + (
+        ", CUDA graphs" if engine.target.graphs is not None else "")
     context = engine.config.scheduler.max_model_len
-    describe = (f"drafter {drafter}, K policy {engine.policy.name}, {weights} weights, {threads}, "
+    describe = (f"drafter {drafter}, K policy {engine.policy.name}, {weights} weights {where}, "
+                f"{threads}, "
                 f"{loop_name()} event loop, max model len {context}"
                 + ("" if args.max_model_len else " (the model's context)"))
     try:

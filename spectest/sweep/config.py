@@ -92,6 +92,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--embedded: run the draft in its own `spectest serve-draft` process, "
                         "reached over loopback HTTP (`serve --draft-url`); the report then "
                         "shows the network term per round")
+    g.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="--embedded: where the bundled server runs its engine (auto: a GPU "
+                        "when torch sees one)")
     g.add_argument("--server-arg", action="append", default=[],
                    help="--embedded: one more `spectest serve` flag (repeatable), "
                         "e.g. --server-arg=--threads=2")
@@ -156,6 +159,7 @@ class SweepConfig:
     drafter: str = "draft-model"
     k: int = 4
     disaggregated: bool = False
+    device: str = "auto"  # serve --device
     server_args: tuple[str, ...] = field(default_factory=tuple)
     validate_k: bool = True
     slo: SLO = field(default_factory=SLO)
@@ -191,7 +195,8 @@ class SweepConfig:
         return ["--model", self.model, "--drafter", self.drafter, "--draft", self.draft,
                 "--k", str(self.k),
                 "--max-num-seqs", str(max(self.steps)),
-                "--threads", "1", *remote, *self.server_args]
+                "--threads", "1", *(["--device", self.device] if self.device != "auto" else []),
+                *remote, *self.server_args]
 
     def draft_server_args(self) -> list[str]:
         """``spectest serve-draft`` flags for ``--disaggregated`` (one torch thread)."""
@@ -211,7 +216,8 @@ class SweepConfig:
                 "patience": self.patience, "processes": self.processes, "host": self.host,
                 "baseline_host": self.baseline_host, "embedded": self.embedded,
                 "model": self.model, "draft": self.draft, "drafter": self.drafter, "k": self.k,
-                "disaggregated": self.disaggregated, "server_args": list(self.server_args),
+                "disaggregated": self.disaggregated, "device": self.device,
+                "server_args": list(self.server_args),
                 "validate_k": self.validate_k,
                 "min_requests_per_step": self.min_requests_per_step,
                 "price_per_hour": self.price_per_hour,
@@ -281,7 +287,8 @@ class SweepConfig:
                    host=a.host.rstrip("/"), baseline_host=a.baseline_host.rstrip("/"),
                    embedded=embedded, model=a.model, draft=a.draft, drafter=a.drafter,
                    k=_default_k(a.model, a.drafter) if a.k is None else a.k,
-                   disaggregated=a.disaggregated, server_args=tuple(a.server_arg),
+                   disaggregated=a.disaggregated, device=a.device,
+                   server_args=tuple(a.server_arg),
                    validate_k=validate, slo=slo, **report)
 
 

@@ -4,7 +4,9 @@ Covers random small Llama (GQA, MHA, llama3 RoPE scaling + tied embeddings) and 
 biases, tied) checkpoints written by ``save_pretrained``, and the embedded demo checkpoints in
 ``spectest/models/{target,draft}`` once they exist. Each is checked for a full prefill, for
 step-by-step decode through the KV cache, for verify-sized chunks, and for a batch whose cache
-slots hold different lengths.
+slots hold different lengths — as loaded (module by module), as the engine runs it
+(``engine.inference``: fused projections, CPU GEMM kernels, plain-call layers) and through the
+fixed-shape forwards a GPU captures (``engine.graphs``, replayed eagerly here).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from spectest.engine.graphs import CapturedForwards
+from spectest.engine.inference import prepare_for_inference
 from spectest.engine.loader import load_checkpoint
 from spectest.engine.model import Transformer
 
@@ -44,16 +48,28 @@ def decode_through_cache(model: Transformer, ids: list[int], chunks: list[int]) 
     return torch.cat(out)
 
 
+def as_run(model: Transformer, kind: str) -> Transformer:
+    """``modules``: as loaded; ``prepared``: as build_engine prepares it; ``static``: prepared,
+    with every cached forward of up to 16 tokens going through a fixed-shape replay."""
+    if kind != "modules":
+        prepare_for_inference(model)
+    if kind == "static":
+        model.graphs = CapturedForwards(capture=False)
+    return model
+
+
 def assert_matches(got: torch.Tensor, expected: torch.Tensor) -> None:
     assert got.shape == expected.shape
     diff = (got - expected).abs().max().item()
     assert diff <= TOL, f"max abs logit difference {diff:.3g} > {TOL}"
 
 
+@pytest.mark.parametrize("kind", ["modules", "prepared", "static"])
 @pytest.mark.parametrize("name", CONFIGS)
-def test_prefill_and_decode_match_transformers(hf_checkpoints, name):
+def test_prefill_and_decode_match_transformers(hf_checkpoints, name, kind):
     path, reference = hf_checkpoints[name]
     loaded = load_checkpoint(path)
+    as_run(loaded.model, kind)
     ids = loaded.tokenizer.encode(TEXT)
     assert len(ids) >= 30
     expected = hf_logits(reference, ids)
@@ -66,10 +82,11 @@ def test_prefill_and_decode_match_transformers(hf_checkpoints, name):
     assert_matches(decode_through_cache(loaded.model, ids, [7, 5, 1, 5, 3]), expected)  # verify
 
 
+@pytest.mark.parametrize("kind", ["modules", "prepared", "static"])
 @pytest.mark.parametrize("name", ["llama-gqa", "qwen2-bias-tied"])
-def test_batched_slots_with_different_lengths(hf_checkpoints, name):
+def test_batched_slots_with_different_lengths(hf_checkpoints, name, kind):
     path, reference = hf_checkpoints[name]
-    model = load_checkpoint(path).model
+    model = as_run(load_checkpoint(path).model, kind)
     ids = load_checkpoint(path).tokenizer.encode(TEXT)
     rows = {0: ids[:24], 2: ids[5:16]}  # slot → sequence; slot 1 stays empty
     prompt_len = {0: 17, 2: 3}
@@ -89,6 +106,8 @@ def test_batched_slots_with_different_lengths(hf_checkpoints, name):
             logits = model(torch.tensor(batch), cache, slots)
             for row, slot in enumerate(rows):
                 got[slot].append(logits[row])
+    if kind == "static":  # the decode chunks (and the 3-token prefill) replayed
+        assert model.graphs.stats()["replayed"] >= 4
     assert int(cache.lengths[1]) == 0
     for slot, seq in rows.items():
         n = int(cache.lengths[slot])
