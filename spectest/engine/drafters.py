@@ -30,6 +30,7 @@ from spectest.engine.device import Placement, to_device
 from spectest.engine.drafter_names import HYBRID
 from spectest.engine.model import Transformer
 from spectest.engine.penalties import Penalties, apply_penalties
+from spectest.engine.prefix_cache import prefill_spans
 from spectest.engine.sampling import SamplingParams, one_hot, probs_from_logits, sample_from
 
 
@@ -186,11 +187,12 @@ class DraftModelDrafter:
 
     def admit(self, slot: int, prompt: list[int]) -> None:
         self.cache.reset(slot)
-        if prompt:  # the whole prompt in one call, as the target prefills it: a model
-            # drafting for itself then holds the target's keys bit for bit (row-exact int8)
-            with torch.inference_mode():
-                self.model(self.place.tokens([prompt]), self.cache, [slot], last_only=True,
-                           hidden_only=True)
+        # the prompt in the forwards the target prefills it in: a model drafting for itself
+        # then holds the target's keys bit for bit (row-exact int8)
+        with torch.inference_mode():
+            for lo, hi in prefill_spans(0, len(prompt)):
+                self.model(self.place.tokens([prompt[lo:hi]]), self.cache, [slot],
+                           last_only=True, hidden_only=True)
 
     def release(self, slot: int) -> None:
         self.cache.reset(slot)

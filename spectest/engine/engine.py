@@ -51,7 +51,7 @@ from spectest.engine.drafters import Drafter, DraftRow, NoDrafter
 from spectest.engine.faults import DEFAULT_FAULT_AFTER, FAULTS, RoundContext, rules_for
 from spectest.engine.penalties import Penalties, apply_penalties, position_counts
 from spectest.engine.policies import Decision, FixedK, KPolicy
-from spectest.engine.prefix_cache import PrefixCache
+from spectest.engine.prefix_cache import PrefixCache, prefill_spans
 from spectest.engine.requests import (GenerationRequest, RequestOutput, RequestStats,
                                       RoundRecord, RowRecord)
 from spectest.engine.sampling import one_hot, probs_from_logits, sample_from
@@ -265,14 +265,32 @@ class SpecEngine:
                                 self.rules.restored(hit, req.speculative, self.prefix.block))
         if ids is req.prompt_ids:
             seq.cached_tokens = hit
-        out = self.target(self.place.tokens([ids[hit:]]), self.cache, [seq.slot],
-                          last_only=not prompt_logprobs, with_hidden=self.feeds_features)
+        out = self._chunked(ids, hit, seq.slot, prompt_logprobs)
         hidden = out[1][0] if self.feeds_features else None  # [T - hit, D]
         if hit and hidden is not None:
             hidden = torch.cat([PrefixCache.hidden(blocks), hidden])  # [T, D]
         if cached:
             self.prefix.store(req.cache_salt, ids, self.cache, seq.slot, hidden)
         return out, hidden
+
+    def _chunked(self, ids: tuple[int, ...], start: int, slot: int, every_position: bool):
+        """The target over ``ids[start:]`` in block-aligned forwards (:func:`prefill_spans`):
+        warm logits equal cold ones bit for bit, so the prefix cache never changes what the
+        model says (one forward over the whole prompt would round its positions differently
+        from a forward over the part a hit leaves, and int8 weights turn that into whole
+        quantization steps that flip greedy choices). Returns what one forward over them would: logits [1, T,
+        V] (or [1, 1, V] unless ``every_position``), with hidden states when EAGLE reads them."""
+        outs = []
+        for lo, hi in prefill_spans(start, len(ids)):
+            outs.append(self.target(self.place.tokens([ids[lo:hi]]), self.cache, [slot],
+                                    last_only=not every_position,
+                                    with_hidden=self.feeds_features))
+        if len(outs) == 1:
+            return outs[0]
+        if not self.feeds_features:
+            return torch.cat(outs, dim=1) if every_position else outs[-1]
+        logits = torch.cat([o[0] for o in outs], dim=1) if every_position else outs[-1][0]
+        return logits, torch.cat([o[1] for o in outs], dim=1)
 
     def _admit_drafter(self, seq: Sequence, ids, hidden) -> None:
         """The drafter takes the sequence on with ``ids`` computed (all its tokens but the

@@ -9,9 +9,8 @@ EAGLE drafter needs them), evicted least recently used beyond ``capacity_tokens`
 A hit restores the longest chain of cached blocks into a slot of the engine's
 :class:`~spectest.engine.kv_cache.KVCache` and leaves the rest of the prompt (always at least its
 last token, whose logits are needed) to the prefill. The restored positions are the ones an
-earlier prefill wrote, so a warm prompt's logits equal a cold one's up to floating-point
-rounding (a prefill that starts at position m computes the same positions with other batch
-shapes).
+earlier prefill wrote, and every prefill runs in the same block-aligned forwards
+(:func:`prefill_spans`), so a warm prompt's logits equal a cold one's bit for bit.
 
 Does not know: requests, models or drafters. Not thread-safe: the engine thread alone uses it.
 """
@@ -27,6 +26,14 @@ import torch
 from spectest.engine.kv_cache import KVCache
 
 BLOCK = 16  # tokens a block: vLLM's default block size
+
+
+def prefill_spans(start: int, end: int, chunk: int = BLOCK) -> list[tuple[int, int]]:
+    """The forwards a prefill of positions ``start`` … ``end``-1 runs: spans of at most
+    ``chunk`` tokens cut at multiples of it from position 0. A position is then computed by
+    the same call shapes whether its prompt came cold or after a hit (which ends on a block
+    boundary), so warm logits equal cold ones bit for bit."""
+    return [(lo, min(end, (lo // chunk + 1) * chunk)) for lo in range(start, end, chunk)]
 
 
 @dataclass(frozen=True)

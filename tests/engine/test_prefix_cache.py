@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from spectest.engine.policies import FixedK
+from spectest.engine.inference import prepare_for_inference
 from spectest.engine.prefix_cache import BLOCK, PrefixCache
 from spectest.engine.requests import GenerationRequest
 from spectest.engine.sampling import SamplingParams
@@ -100,3 +101,35 @@ def test_an_eagle_drafter_sees_the_cached_prefix_features():
     (cold, cold_acc, _), (warm, warm_acc, cached) = outs
     assert cold == warm and cached == [0, 64]
     assert warm_acc == cold_acc  # the head drafted from the same features either way
+
+
+def _logprobs(engine, tok, prompts, max_tokens=24):
+    """Each prompt's (token, logprob, top-5) records, one request at a time."""
+    got = defaultdict(list)
+    for i, p in enumerate(prompts):
+        engine.submit(GenerationRequest(f"r{i}", tuple(tok.encode(p)),
+                                        SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+                                        logprobs=5),
+                      lambda o: got[o.request_id].extend(o.logprobs or ()))
+        engine.run_until_idle()
+    return [got[f"r{i}"] for i in range(len(prompts))]
+
+
+def test_int8_warm_logprobs_equal_cold_ones_bit_for_bit():
+    """Int8 weights turn last-bit differences into quantization steps, so a prefill that ran
+    the warm remainder in other call shapes than the cold prompt flipped greedy choices
+    (SmolLM2 answered a chat differently the second time it was asked). Every prefill runs
+    in block-aligned forwards: warm logprobs equal cold ones exactly, for prompts ending
+    anywhere in a block."""
+    torch.set_num_threads(1)
+    target, draft = load_embedded()  # fresh copies: quantized in place
+    prepare_for_inference(target.model, int8=True)
+    tok = target.tokenizer
+    prompts = [SHARED + q + " " * extra for q in QUESTIONS for extra in (0, 7)]
+    cold = _logprobs(make_engine(target.model, tok, "draft-model", draft.model, FixedK(4)),
+                     tok, prompts)
+    warm_engine = make_engine(target.model, tok, "draft-model", draft.model, FixedK(4),
+                              prefix_cache_tokens=4096)
+    warm = _logprobs(warm_engine, tok, prompts)
+    assert warm_engine.prefix.hits >= len(prompts[1:]) * BLOCK
+    assert warm == cold
