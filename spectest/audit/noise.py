@@ -121,7 +121,12 @@ async def measure(base: Client, cases: Sequence[PromptCase], runs: Sequence[Comp
                 continue
             diffs.append(compare(case.id, j, first, second, tie_tolerance))
     shaped = await verify_shaped(base, jobs, logprobs, tie_tolerance)
-    diffs += shaped
+    return floor_of(diffs + shaped, shaped)
+
+
+def floor_of(diffs: Sequence, shaped: Sequence = ()) -> NoiseFloor:
+    """The floor over ``diffs`` (``logprobs.compare`` results; ``shaped``: those of them read
+    in verification-shaped batches)."""
     if not diffs:
         return NoiseFloor(0, 0.0, 0.0, 0.0, 0.0)
     kl = np.array([d.kl for d in diffs])
