@@ -11,6 +11,7 @@ import os
 import sys
 from pathlib import Path
 
+from spectest import smoke
 from spectest.engine.drafter_names import DRAFTERS
 from spectest.engine.int8 import QUANTIZE_CHOICES
 
@@ -48,7 +49,8 @@ def _generate(args) -> int:
     engine = Engine.from_pretrained(args.model, args.draft, drafter=args.drafter, k=k,
                                     quantize=args.quantize)
     for prompt in args.prompt or ["def fibonacci(n):"]:
-        g = engine.generate(prompt, chat=args.chat, max_tokens=args.max_tokens,
+        g = engine.generate(prompt, chat=args.chat,
+                            max_tokens=smoke.generate_tokens(args.max_tokens),
                             temperature=args.temperature, seed=args.seed,
                             speculative=args.drafter != "none")
         s = g.stats
@@ -99,6 +101,7 @@ def _export_hf(args) -> int:
 
 def _profile(args) -> int:
     from spectest.engine.profiling import run_profile
+    smoke.profile_args(args)
     run_profile(args)
     return 0
 
