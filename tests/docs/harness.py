@@ -148,20 +148,20 @@ def fresh_terminal(env: dict[str, str]) -> dict[str, str]:
     return out
 
 
-def scratch_folder(work: Path) -> Path:
+def scratch_folder(work: Path, root: Path = ROOT) -> Path:
     """A folder whose entries link to the checkout's tracked top-level files, plus ``.venv``
     linking to the environment running the tests."""
     scratch = work / "scratch"
     scratch.mkdir(parents=True, exist_ok=True)
     try:
-        tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+        tracked = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True,
                                  check=True).stdout.split()
         names = sorted({t.split("/")[0] for t in tracked})
     except (OSError, subprocess.CalledProcessError):  # not a git checkout: everything
-        names = sorted(p.name for p in ROOT.iterdir() if p.name not in (".git", ".venv"))
+        names = sorted(p.name for p in root.iterdir() if p.name not in (".git", ".venv"))
     for name in names:
-        if (ROOT / name).exists() and not (scratch / name).exists():
-            (scratch / name).symlink_to(ROOT / name)
+        if (root / name).exists() and not (scratch / name).exists():
+            (scratch / name).symlink_to(root / name)
     if sys.prefix != sys.base_prefix and not (scratch / ".venv").exists():
         (scratch / ".venv").symlink_to(Path(sys.prefix))
     return scratch
@@ -171,9 +171,9 @@ class Session:
     """The harness for one test session: the scratch folder, the ledger, the commands that
     already ran clean (by key)."""
 
-    def __init__(self, work: Path, in_ci: bool):
-        self.work = Path(work)
-        self.scratch = scratch_folder(self.work)
+    def __init__(self, work: Path, in_ci: bool, root: Path = ROOT):
+        self.work, self.root = Path(work), Path(root)
+        self.scratch = scratch_folder(self.work, self.root)
         self.logs = self.work / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.in_ci = in_ci
@@ -201,7 +201,7 @@ class Session:
         first = len(self.records)
         run = PageRun(self, page)
         try:
-            for block in read_page(ROOT, page):
+            for block in read_page(self.root, page):
                 run.block(block)
         finally:
             run.stop_servers()
@@ -265,15 +265,21 @@ class PageRun:
         return None
 
     def is_state(self, text: str) -> bool:
-        w = words(text)
-        return bool(w) and (w[0] in SHELL_STATE or all(ASSIGNMENT.match(x) for x in w))
+        """Does the line (or a part of a ``&&`` / ``;`` list) set variables or the folder for
+        the lines after it? Such a line always runs, and what it leaves is kept."""
+        for part in COMPOUND.split(text):
+            w = words(part)
+            if w and (w[0] in SHELL_STATE or all(ASSIGNMENT.match(x) for x in w)):
+                return True
+        return False
 
     def key(self, text: str) -> tuple:
         names = sorted(set(VARIABLE.findall(text)))
         variables = tuple((n, self.assigned.get(n, "")) for n in names)
         ports = sorted({int(p) for p in CLIENT_PORT.findall(text)})
         servers = tuple((p, self.servers[p].key if p in self.servers else None) for p in ports)
-        return " ".join(text.split()), variables, servers
+        here = os.path.relpath(self.cwd, self.s.scratch)
+        return " ".join(text.split()), here, variables, servers
 
     # --- running ---------------------------------------------------------------------------
     def block(self, block: Block) -> None:

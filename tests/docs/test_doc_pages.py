@@ -93,3 +93,39 @@ def test_servers_ports_and_state_lines(tmp_path):
     a, b = run.ports[8001], run.ports[8002]
     assert moved == (f"spectest audit --candidate http://127.0.0.1:{a} --baseline "
                      f"http://localhost:{b} --port {a}")
+
+
+SHELL_PAGE = """\
+```bash
+GREETING=hello   # a variable the next lines see
+mkdir -p out && cd out
+echo "$GREETING" > said.txt
+```
+
+<!-- doc-test: skip "false": a line that cannot run here -->
+```bash
+false
+cat said.txt
+```
+
+```bash
+cat no-such-file
+echo never
+```
+"""
+
+
+def test_a_page_runs_as_one_terminal(tmp_path):
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / "page.md").write_text(SHELL_PAGE)
+    (root / "again.md").write_text("```bash\nGREETING=hello\ncd out\ncat said.txt\n```\n")
+    session = Session(tmp_path / "work", in_ci=True, root=root)
+    records = session.run_page("page.md")
+    assert [r.status for r in records] == ["ran", "ran", "ran", "skipped", "ran", "failed",
+                                           "not reached"]
+    assert (session.scratch / "out" / "said.txt").read_text() == "hello\n"
+    assert records[5].rc == 1 and "No such file" in records[5].note
+    again = session.run_page("again.md")  # a new terminal: its own variables and folder
+    assert [r.status for r in again] == ["ran", "ran", "same"]
+    assert again[2].note == "same command and servers as page.md:10"
