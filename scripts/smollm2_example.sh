@@ -7,6 +7,8 @@
 # target-only.
 # Usage:
 #   scripts/smollm2_example.sh [OUT_DIR] [DRAFTER]      (about 27 minutes on 2 CPU cores)
+#   SPECTEST_SMOKE=1 scripts/smollm2_example.sh /tmp/x ngram+eagle   # short mode: token sizes
+#                                                (spectest.smoke; what the docs' tests run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-docs/smollm2-example}

@@ -15,6 +15,8 @@ import json
 import os
 from dataclasses import dataclass
 
+from spectest import smoke
+
 SPECULATIVE = ("default", "on", "off")
 ENDPOINTS = ("auto", "chat", "completions")
 
@@ -148,7 +150,7 @@ class SpecOptions:
             results_dir=str(get("results_dir", "spectest-results") or "spectest-results"),
             steps=tuple(int(s) for s in steps),
             request_rates=rates,
-            step_time=float(get("step_time", 30.0) or 30.0),
+            step_time=smoke.locust_step_time(float(get("step_time", 30.0) or 30.0)),
             max_users=int(get("max_users", 64) or 64),
             metrics_url=str(get("metrics_url", "") or ""),
             scrape_interval=float(get("scrape_interval", 5.0) or 5.0),

@@ -25,6 +25,7 @@ import sys
 
 from locust.env import Environment
 
+from spectest import smoke
 from spectest.loadgen import options as options_mod
 from spectest.loadgen.datasets import DatasetError, load_dataset
 from spectest.loadgen.run import MSG_DRAIN, MSG_ROWS, MSG_STEP, LoadRun, RunAborted
@@ -101,6 +102,8 @@ def _sigterm_as_interrupt(signum, frame) -> None:
 def _check_flags(parsed, workload: str, headless: bool) -> None:
     try:
         opts = options_mod.SpecOptions.from_parsed(parsed)
+        if smoke.active() and (opts.steps or opts.request_rates):
+            smoke.note("locust", f"{opts.step_time:g} s per step")
         load_dataset(opts.dataset or workload).with_max_prompt_chars(opts.max_prompt_chars)
     except (options_mod.OptionsError, DatasetError) as e:
         if headless:
