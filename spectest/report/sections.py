@@ -24,6 +24,7 @@ from spectest.report import advisor
 from spectest.report import breakpoints as bpm
 from spectest.report import cost as costm
 from spectest.report import evidence as ev
+from spectest.report import schedule, sequential
 from spectest.report.cost_section import saving_text
 from spectest.report.document import Bullets, Image, Section, Table, _x, fmt
 from spectest.report.plots import ARM_LABELS
@@ -38,15 +39,17 @@ class Analysis:
     inputs: costm.CostInputs
     costs: tuple[costm.WorkloadCost, ...]
     advice: tuple[advisor.Advice, ...]
+    schedules: tuple[schedule.Schedule, ...] = ()
 
 
 def with_options(sweep: Sweep, slo: SLO | None = None, min_requests: int | None = None,
                  cost: costm.CostInputs | None = None,
-                 network_ms: float | None = None) -> Sweep:
+                 network_ms: float | None = None, advice: dict | None = None) -> Sweep:
     """The sweep with command-line overrides laid over its ``sweep.json`` options. Prices
-    replace prices as a pair, and a target load replaces the other kind of target."""
+    replace prices as a pair, and a target load replaces the other kind of target;
+    ``advice``: the schedule's options (objective, mix, speculative_config)."""
     info = dict(sweep.info)
-    cfg = dict(info.get("config") or {})
+    cfg = {**(info.get("config") or {}), **(advice or {})}
     if slo is not None:
         info["slo"] = slo.to_json()
     if min_requests is not None:
@@ -75,7 +78,14 @@ def analyse(sweep: Sweep) -> Analysis:
     network = (sweep.info.get("config") or {}).get("network_ms")  # a what-if (report flag)
     advice = [a for w in sweep.workloads
               for a in advisor.advise(t, w, min_requests=m, network_ms=network)]
-    return Analysis(sweep, tuple(found), m, inputs, tuple(costs), tuple(advice))
+    cfg = sweep.info.get("config") or {}
+    try:
+        mix = schedule.parse_mix(cfg.get("mix") or "", sweep.workloads)
+    except schedule.MixError:
+        mix = {}
+    schedules = schedule.build_all(t, sweep.workloads, cfg.get("objective") or "both", m, mix)
+    return Analysis(sweep, tuple(found), m, inputs, tuple(costs), tuple(advice),
+                    tuple(schedules))
 
 
 # --- verdict --------------------------------------------------------------------------------
@@ -169,6 +179,8 @@ def setup_section(an: Analysis) -> Section:
         f"SLOs: {sweep.slo.describe()}.",
         f"Step resolution: {bpm.resolution(t)}.",
         ev.method_text(an.min_requests)]
+    if not peer:
+        setup.append(decisive_text(t, cfg))
     note = ev.interval_note(t, peer.get("no_intervals"))
     if note:
         setup.append(note)
@@ -180,6 +192,23 @@ def setup_section(an: Analysis) -> Section:
         setup.append(client)
     notes = list(info.get("notes") or [])
     return Section("Setup", [Bullets(setup)] + ([Bullets(notes)] if notes else []))
+
+
+def decisive_text(t: pd.DataFrame, cfg: dict) -> str:
+    """How the steps were made decisive, and which settled and which reached the cap."""
+    looks = int(cfg.get("looks") or 1)
+    text = sequential.method_text(looks, cfg.get("step_time_s"))
+    if "decided" not in t or t.decided.dropna().empty:
+        return text
+    pairs = t[t.arm == "spec"].sort_values(["workload", "concurrency"])
+
+    def steps(status: str) -> str:
+        rows = pairs[pairs.decided == status]
+        return ", ".join(f"{r.workload} c={r.concurrency:g}"
+                         + (f" ({int(r.looks)} looks)" if r.looks > 1 else "")
+                         for r in rows.itertuples()) or "none"
+    return (f"{text} Settled: {steps(sequential.SETTLED)}. Reached the cap without settling: "
+            f"{steps(sequential.CAP)}.")
 
 
 def speedup_section(an: Analysis) -> Section:
