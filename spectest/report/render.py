@@ -24,14 +24,14 @@ from pathlib import Path
 import pandas as pd
 
 from spectest.report import advisor, outliers, plots
+from spectest.report import breakpoints as bpm
+from spectest.report import cost as costm
 from spectest.report import schedule as sch
 from spectest.report.advice_section import (
     configuration_section,
     measured_flavour,
     verification_section,
 )
-from spectest.report import breakpoints as bpm
-from spectest.report import cost as costm
 from spectest.report.cost_section import cost_lines, cost_section
 from spectest.report.document import (  # noqa: F401 (re-exported: the report's page model)
     Bullets,

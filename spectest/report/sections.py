@@ -20,11 +20,10 @@ from pathlib import Path
 import pandas as pd
 
 from spectest.loadgen import cpu
-from spectest.report import advisor
+from spectest.report import advisor, schedule, sequential
 from spectest.report import breakpoints as bpm
 from spectest.report import cost as costm
 from spectest.report import evidence as ev
-from spectest.report import schedule, sequential
 from spectest.report.cost_section import saving_text
 from spectest.report.document import Bullets, Image, Section, Table, _x, fmt
 from spectest.report.plots import ARM_LABELS

@@ -189,3 +189,18 @@ def _frame(req: pd.DataFrame) -> pd.DataFrame:
     req["slo_ok"] = True
     req["step"] = np.where(req.started_at >= 0, 1, 0)
     return req
+
+
+def wrong_verdict(judgement: str, truth: float) -> bool:
+    """Whether a ratio's verdict contradicts the true ratio: ahead when it is at most 1, behind
+    when at least 1, even when outside the even band; no verdict (thin, unresolved) is never
+    wrong."""
+    from spectest.report import evidence as ev
+
+    if judgement == ev.AHEAD:
+        return truth <= 1
+    if judgement == ev.BEHIND:
+        return truth >= 1
+    if judgement == ev.EVEN:
+        return not 1 / (1 + ev.EVEN_TOL) <= truth <= 1 + ev.EVEN_TOL
+    return False

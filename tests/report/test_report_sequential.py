@@ -17,8 +17,8 @@ import math
 
 import numpy as np
 import pytest
+from closed_loop import Arm, independent, wrong_verdict
 
-from closed_loop import Arm, independent
 from spectest.report import evidence as ev
 from spectest.report import sequential
 from spectest.sweep.summary import Look, figures
@@ -59,16 +59,6 @@ STEPS_PER_CASE = 110
 LOOKS, SECONDS, C = 3, 10.0, 1
 
 
-def wrong(judgement: str, truth: float) -> bool:
-    if judgement == ev.AHEAD:
-        return truth <= 1
-    if judgement == ev.BEHIND:
-        return truth >= 1
-    if judgement == ev.EVEN:
-        return not 1 / (1 + ev.EVEN_TOL) <= truth <= 1 + ev.EVEN_TOL
-    return False  # thin or unresolved: no verdict, so never a wrong one
-
-
 def run_step(rng, spec: Arm) -> sequential.Look:
     looks = {"spec": [], "base": []}
     for k in range(1, LOOKS + 1):
@@ -97,7 +87,7 @@ def test_decisive_steps_cover_at_the_stated_rate_and_are_wrong_no_more_often():
                 covered += r.has_interval and r.low <= truth[metric] <= r.high
                 if r.judgement in (ev.AHEAD, ev.BEHIND, ev.EVEN):
                     verdicts += 1
-                    wrong_verdicts += wrong(r.judgement, truth[metric])
+                    wrong_verdicts += wrong_verdict(r.judgement, truth[metric])
     coverage, error_rate = covered / total, wrong_verdicts / total
     print(f"\nsequential rule, {total} step-metrics over {len(CASES)} true ratios, "
           f"{LOOKS} looks: coverage {coverage:.3f}, wrong verdicts {wrong_verdicts} "
