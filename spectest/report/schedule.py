@@ -7,8 +7,9 @@ per client concurrency, so this module
 * places the switch where the crossover is (``breakpoints.crossover``: TPOT p50, output
   tokens/s, or both, ``--objective``): speculation on below it, off from it; on everywhere when
   it was not reached (the last range then carries K beyond the highest step, unmeasured), off
-  everywhere when speculation was no better even at the lowest step, and no schedule at all
-  when the data do not place the crossover;
+  everywhere when speculation was no better even at the lowest step. A crossover the data do
+  not place (not enough data) leaves the schedule resting on the other, marked provisional;
+  with neither placed there is no schedule;
 * maps that concurrency to a batch size with the server's own running-requests gauge, measured
   at the two steps that bracket the crossover (``running_mean``; interpolated in log2 like the
   crossover itself) — or, where the server has no such gauge, says it took batch =
@@ -228,18 +229,22 @@ def build(table: pd.DataFrame, name: str, objective: str = "both",
                "concurrency, which overstates it when requests wait or are between turns")
     base = dict(name=name, k=k, crossovers=cross, mapping=mapping, weights=weights or {})
     unusable = [bp for bp in cross if bp.status in (bpm.NOT_ENOUGH, bpm.NO_DATA)]
-    if not steps_c or unusable or not k:
-        why = ("the speculative arm's K is unknown" if not k and not unusable else
+    usable = tuple(bp for bp in cross if bp not in unusable)
+    if not steps_c or not usable or not k:
+        why = ("the speculative arm's K is unknown" if not k and usable else
                "; ".join(f"{_metric(bp)}: {bp.headline()}" for bp in unusable)
                or "no step with both arms")
         return Schedule(status=NONE, ranges=(), why=f"no schedule: {why}", **base)
-    offs = [(bp.concurrency if bp.status == bpm.FOUND else steps_c[0], bp) for bp in cross
+    # a crossover the data do not place leaves the schedule resting on the other: said so
+    provisional = "".join(f"; provisional, the {_metric(bp)} crossover is unplaced: "
+                          f"{bp.headline()}" for bp in unusable)
+    offs = [(bp.concurrency if bp.status == bpm.FOUND else steps_c[0], bp) for bp in usable
             if bp.status in (bpm.FOUND, bpm.BELOW)]
     if not offs:
         ranges = ((1, top, k),)
         status, cut_c, cut_b, why = ALWAYS, None, None, (
             f"speculation still paid at the highest step (c={top}) on "
-            + " and ".join(_metric(bp) for bp in cross)
+            + " and ".join(_metric(bp) for bp in usable)
             + f": K = {k} at every batch size; beyond c={top} it was not measured")
     else:
         cut_c, first = min(offs, key=lambda x: x[0])
@@ -258,6 +263,7 @@ def build(table: pd.DataFrame, name: str, objective: str = "both",
             why = (f"the {_metric(first)} crossover at c ≈ "
                    f"{_fmt_c(cut_c)} (between {_fmt_c(first.lower)} and {_fmt_c(first.upper)})"
                    f" is batch ≈ {cut_b:.1f}: K = {k} up to batch {last}, off above")
+    why += provisional
     steps = []
     ratio_sets = {m: {r.concurrency: r for r in bpm.ratios(table, name, m,
                                                            min_requests=min_requests)}

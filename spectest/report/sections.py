@@ -293,11 +293,12 @@ def k_section(an: Analysis, figure: Path | None) -> Section:
         "tokens stops being free. Positions past the K that ran are continued geometrically; "
         f"costs come from {' and '.join(src)} and are assumed linear in K. The measured "
         f"speedup carries its requests and interval; costs from client TPOT with fewer than "
-        f"{an.min_requests} successful requests per arm give no best K.",
+        f"{an.min_requests} successful requests per arm give no best K. The best K is a "
+        f"prediction: the schedule (Configuration) runs the K that was measured.",
         Table(["workload", "c", "K run", "c (cost/draft token)"]
               + (["network ms/round"] if networked else [])
               + ["measured speedup", "predicted at K run", "best K", "predicted at best K",
-                 "validated", "note"], rows)]
+                 "advised arm (measured)", "note"], rows)]
     if networked:
         blocks.append(
             "**Network term.** The draft runs in another process (`spectest serve "
@@ -329,21 +330,24 @@ STEP_COLUMNS = (("workload", "workload", None), ("arm", "arm", None), ("c", "con
                 ("±95%", "tokens_ci", ".0%"), ("± windows", "output_tokens_per_s_rse", ".0%"),
                 ("goodput", "goodput_rps", ".2f"),
                 ("accept", "acceptance_rate", ".2f"), ("len", "mean_accepted_length", ".2f"),
-                ("K", "k", ".3g"), ("load", "loadavg", ".1f"))
+                ("K", "k", ".3g"), ("looks", "looks", "g"), ("load", "loadavg", ".1f"))
 
 
 def steps_section(sweep: Sweep) -> Section:
     t = sweep.table.sort_values(["workload", "concurrency", "arm"], key=lambda s: s.map(
         {w: i for i, w in enumerate(sweep.workloads)}) if s.name == "workload" else s)
-    t = t.assign(tpot_ci=(ev.Z * t.tpot_p50_log_se.astype(float)).map(_upper),
-                 tokens_ci=(ev.Z * t.output_tokens_per_s_log_se.astype(float)).map(_upper))
+    z = (t.interval_z.astype(float).fillna(ev.Z) if "interval_z" in t
+         else pd.Series(ev.Z, index=t.index))
+    t = t.assign(tpot_ci=(z * t.tpot_p50_log_se.astype(float)).map(_upper),
+                 tokens_ci=(z * t.output_tokens_per_s_log_se.astype(float)).map(_upper))
     rows = [[str(r[col]) if spec is None else fmt(r[col], spec) for _, col, spec in STEP_COLUMNS]
             for _, r in t.iterrows()]
     return Section("Per-step measurements", [
-        f"Latencies in ms. ±95% is the upper half of the step's bootstrap interval (over its "
-        f"requests; – in an old steps.csv); ± windows is the relative standard error of "
-        f"throughput across the measured windows. Every column is in `{STEPS_CSV}`; each "
-        f"step's requests are under `runs/`.",
+        f"Latencies in ms. ±95% is the upper half of the step's interval (over its requests, at "
+        f"its critical value z; – in an old steps.csv); ± windows is the relative standard "
+        f"error of throughput across the measured windows; looks: how many times the step "
+        f"was measured (decisive steps). Every column is in `{STEPS_CSV}`; each step's "
+        f"requests are under `runs/`.",
         Table([h for h, _, _ in STEP_COLUMNS], rows)])
 
 
