@@ -24,30 +24,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
 from spectest.procs import exit_on_sigterm  # noqa: E402
 from spectest.thirdparty.vllm_server import VllmServer, VllmServerSpec  # noqa: E402
-
-
-def run(cmd: list[str], log: Path) -> int:
-    print("$", " ".join(cmd), flush=True)
-    t0 = time.time()
-    with open(log, "a", encoding="utf-8") as f:
-        f.write(f"$ {' '.join(cmd)}\n")
-        f.flush()
-        rc = subprocess.call(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
-        f.write(f"# exit {rc} after {time.time() - t0:.0f} s, load average "
-                f"{os.getloadavg()[0]:.1f}\n")
-    print(f"  exit {rc} after {time.time() - t0:.0f} s", flush=True)
-    return rc
+from vllm_example import run  # noqa: E402  (each command echoed and logged with its exit code)
 
 
 def main() -> int:
