@@ -172,7 +172,10 @@ def setup_section(an: Analysis) -> Section:
         f"concurrency "
         f"{', '.join(str(c) for c in cfg.get('steps', sorted(set(t.concurrency))))}; "
         f"{fmt(cfg.get('warmup_s'), 'g')} s warm-up then {fmt(cfg.get('step_time_s'), 'g')} s "
-        f"measured per step and arm ({cfg.get('windows', '?')} windows); max tokens "
+        f"measured per {'look' if cfg.get('looks') else 'step'} and arm "
+        f"({cfg.get('windows', '?')} windows"
+        + (f"; up to {cfg['looks']} looks per step" if (cfg.get('looks') or 1) > 1 else "")
+        + f"); max tokens "
         f"{cfg.get('max_tokens', '?')}; temperature {cfg.get('temperature', '?')}; "
         f"seed {cfg.get('seed', '?')}."),
         f"SLOs: {sweep.slo.describe()}.",
