@@ -124,18 +124,21 @@ class Look:
         return SETTLED if self.settled else CAP
 
     def text(self) -> str:
-        """'look 2/3 (z = 2.38): TPOT 1.45× ahead, throughput 1.41× ahead → settled'."""
+        """'look 2/3 (z = 2.30): tpot 1.45× [1.30–1.62] ahead, throughput … → settled'."""
         parts = ", ".join(f"{m} {_short(r)}" for m, r in self.ratios.items())
         then = ("settled" if self.settled else "time cap reached" if self.k >= self.looks
                 else "not settled: another look")
         return f"look {self.k}/{self.looks} (z = {self.z:.2f}): {parts} → {then}"
 
 
+WORDS = {ev.THIN: "too few requests", ev.UNRESOLVED: "unclear"}
+
+
 def _short(r: ev.Ratio) -> str:
     if r.value is None:
         return "no data"
     band = f" [{r.low:.2f}–{r.high:.2f}]" if r.has_interval else ""
-    return f"{r.value:.2f}×{band} {r.judgement}"
+    return f"{r.value:.2f}×{band} {WORDS.get(r.judgement, r.judgement)}"
 
 
 def judge(spec_row, base_row, k: int, looks: int, concurrency: float,
