@@ -98,8 +98,10 @@ def main() -> int:
         servers.append(advised)
         with advised as advised_url:
             info["start_s"]["advised"] = round(advised.started_s, 1)
-            rc = run(sweep + ["--advised-host", advised_url, "--speculative-config",
-                              speculative_config, "--out", str(out / "verify")], log)
+            rc = run(sweep + ["--advised-host", advised_url, "--advised-schedule",
+                              f"{out / 'advise' / 'schedule.json'}:{plan['name']}",
+                              "--speculative-config", speculative_config,
+                              "--out", str(out / "verify")], log)
         return rc
     finally:
         for s in servers:

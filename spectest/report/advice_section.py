@@ -140,11 +140,20 @@ def boundary_note(s: sch.Schedule | None, low, high) -> str:
             f"{', '.join(parts)} during this step: K switched within it")
 
 
+def advised_schedule(info: dict) -> sch.Schedule | None:
+    """The one schedule the advised server ran for all traffic, where the sweep knows it: the
+    bundled server it restarted (``advice_verified``) or ``--advised-schedule``."""
+    given = ((info.get("advice_verified") or {}).get("schedule_json")
+             or (info.get("config") or {}).get("advised_schedule"))
+    return sch.Schedule.from_json(given) if given else None
+
+
 def verification_rows(table: pd.DataFrame, schedules: list[sch.Schedule],
-                      min_requests: int) -> list[dict]:
+                      min_requests: int, info: dict | None = None) -> list[dict]:
     """Per workload and step with an advised arm: the comparisons, as data."""
     out = []
     by_name = {s.name: s for s in schedules}
+    ran = advised_schedule(info or {})
     for (w, c), g in table.groupby(["workload", "concurrency"]):
         arms = {r["arm"]: r for r in g.to_dict("records")}
         ref = next((pair for pair in REFERENCES if set(pair) <= set(arms)), None)
@@ -153,7 +162,8 @@ def verification_rows(table: pd.DataFrame, schedules: list[sch.Schedule],
         adv = arms[ADVISED]
         on, off = arms[ref[0]], arms[ref[1]]
         row = {"workload": w, "concurrency": float(c), "advised": adv,
-               "schedule": by_name.get(w), "beside": ref[0] == "verify-on"}
+               "schedule": ran or by_name.get(w),
+               "beside": ref[0] == "verify-on"}
         for metric, col, higher in (("tpot", "tpot_p50_ms", False),
                                     ("throughput", "output_tokens_per_s", True)):
             best, which = _better(off, on, col, higher)
@@ -178,8 +188,9 @@ def _verdict(rs: list[ev.Ratio | None]) -> str:
 
 def verification_section(table: pd.DataFrame, schedules: list[sch.Schedule], info: dict,
                          min_requests: int) -> Section | None:
-    rows = verification_rows(table, schedules, min_requests)
+    rows = verification_rows(table, schedules, min_requests, info)
     done = info.get("advice_verified") or {}
+    ran = advised_schedule(info)
     if not rows:
         if done.get("same_as"):
             arm = {"spec": "always-on (`spec`)", "base": "off (`base`)"}[done["same_as"]]
@@ -230,7 +241,11 @@ def verification_section(table: pd.DataFrame, schedules: list[sch.Schedule], inf
         f"TPOT as better TPOT ÷ advised TPOT, throughput as advised ÷ better, so above 1.00× "
         f"the advice is better — with n and intervals (the better arm is picked by its point "
         f"estimate, which favours it: the test is strict). \"schedule here\" is the K the "
-        f"schedule gives at the advised arm's mean batch.",
+        f"schedule gives at the advised arm's mean batch"
+        + (f" ({ran.name}'s schedule, which the advised server ran: {_ranges_text(ran)})"
+           if ran is not None else
+           " (this sweep's own advice for the workload: pass `--advised-schedule` with the "
+           "schedule.json the server was started from where that differs)") + ".",
         Table(["workload", "c", "batch (advised arm)", "schedule here", "TPOT speedup",
                "throughput ratio", "verdict", "range boundary"], cells),
         summary])

@@ -166,6 +166,15 @@ class Schedule:
         """What it rests on: the crossovers' steps, n and intervals."""
         return "; ".join(f"{_metric(bp)}: {bp.summary()}" for bp in self.crossovers)
 
+    @classmethod
+    def from_json(cls, d: dict) -> Schedule:
+        """A schedule as ``to_json`` wrote it (the ranges and what they rest on, no steps)."""
+        return cls(name=str(d["name"]), status=str(d["status"]), k=d.get("k"),
+                   ranges=tuple(tuple(int(x) for x in r) for r in d.get("ranges") or ()),
+                   cutoff_concurrency=d.get("cutoff_concurrency"),
+                   cutoff_batch=d.get("cutoff_batch"), mapping=d.get("mapping") or "",
+                   weights=d.get("weights") or {}, why=d.get("why") or "")
+
     def to_json(self) -> dict:
         return {"name": self.name, "status": self.status, "k": self.k,
                 "ranges": [list(r) for r in self.ranges],

@@ -15,6 +15,7 @@ It knows nothing about processes, Locust or the report's internals.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,6 +107,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--server-arg", action="append", default=[],
                    help="--embedded: one more `spectest serve` flag (repeatable), "
                         "e.g. --server-arg=--threads=2")
+    g.add_argument("--advised-schedule", default="", metavar="SCHEDULE_JSON[:NAME]",
+                   help="with --advised-host: the schedule.json its server was started from "
+                        "(and which schedule in it: a workload or mix; default mix, else the "
+                        "first), so the report knows the K it runs at each batch size")
     g.add_argument("--verify-advice", "--validate-k", dest="verify_advice",
                    choices=("auto", "on", "off"), default="auto",
                    help="--embedded: after the sweep, restart the bundled server with the "
@@ -168,6 +173,7 @@ class SweepConfig:
     host: str = ""
     baseline_host: str = ""
     advised_host: str = ""
+    advised_schedule: dict = field(default_factory=dict)  # the schedule it runs (to_json)
     embedded: bool = True
     model: str = "embedded"
     draft: str = "auto"
@@ -246,6 +252,7 @@ class SweepConfig:
                 "max_prompt_chars": self.max_prompt_chars, "temperature": self.temperature,
                 "patience": self.patience, "processes": self.processes, "host": self.host,
                 "baseline_host": self.baseline_host, "advised_host": self.advised_host,
+                "advised_schedule": self.advised_schedule or None,
                 "embedded": self.embedded,
                 "model": self.model, "draft": self.draft, "drafter": self.drafter, "k": self.k,
                 "disaggregated": self.disaggregated, "server_args": list(self.server_args),
@@ -286,6 +293,10 @@ class SweepConfig:
         if a.advised_host and not a.baseline_host:
             raise ConfigError("--advised-host needs --host and --baseline-host (the two arms "
                               "it is set against)")
+        if a.advised_schedule and not a.advised_host:
+            raise ConfigError("--advised-schedule describes the --advised-host server: give "
+                              "both")
+        advised_schedule = read_advised_schedule(a.advised_schedule)
         if a.processes < 1:
             raise ConfigError("--processes must be at least 1")
         if min(a.requests_per_step, a.max_tokens, a.patience) < 0 or (a.k is not None
@@ -336,11 +347,30 @@ class SweepConfig:
                    seed=a.seed, max_tokens=a.max_tokens, max_prompt_chars=max_prompt,
                    temperature=a.temperature, patience=a.patience, processes=a.processes,
                    host=a.host.rstrip("/"), baseline_host=a.baseline_host.rstrip("/"),
-                   advised_host=a.advised_host.rstrip("/"),
+                   advised_host=a.advised_host.rstrip("/"), advised_schedule=advised_schedule,
                    embedded=embedded, model=a.model, draft=a.draft, drafter=a.drafter,
                    k=_default_k(a.model, a.drafter) if a.k is None else a.k,
                    disaggregated=a.disaggregated, server_args=tuple(a.server_arg),
                    verify_advice=validate, verify_workloads=verify, slo=slo, **report)
+
+
+def read_advised_schedule(spec: str) -> dict:
+    """``schedule.json[:name]`` → that schedule (a dict as ``Schedule.to_json`` writes it)."""
+    if not spec:
+        return {}
+    path, _, name = spec.partition(":") if not Path(spec).is_file() else (spec, "", "")
+    try:
+        schedules = json.loads(Path(path).read_text(encoding="utf-8"))["schedules"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"--advised-schedule: cannot read a schedule.json from {path} "
+                          f"({type(e).__name__})") from None
+    names = [s.get("name") for s in schedules]
+    pick = name or ("mix" if "mix" in names else names[0] if names else "")
+    chosen = next((s for s in schedules if s.get("name") == pick), None)
+    if chosen is None:
+        raise ConfigError(f"--advised-schedule: {path} has no schedule named {pick!r} (it has "
+                          f"{', '.join(map(str, names)) or 'none'})")
+    return chosen
 
 
 def _default_k(model: str, drafter: str) -> int:

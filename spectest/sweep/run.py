@@ -385,7 +385,8 @@ class SweepRunner:
             return
         self.info["advice_verified"] = {"schedule": chosen.name, "status": chosen.status,
                                         "ranges": [list(r) for r in chosen.ranges],
-                                        "why": chosen.why, "serve_args": flags}
+                                        "why": chosen.why, "serve_args": flags,
+                                        "schedule_json": chosen.to_json()}
         if chosen.status in (sch.ALWAYS, sch.OFF):
             arm = "spec" if chosen.status == sch.ALWAYS else "base"
             self.info["advice_verified"]["same_as"] = arm

@@ -1,6 +1,7 @@
 """``spectest sweep`` options: step plans, defaults, and one readable line for bad input."""
 
 import argparse
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -72,6 +73,23 @@ def test_advice_options_land_in_the_sweep_json_config():
         "throughput", "chat=3,code=1", '{"method": "ngram"}')
     assert (j["max_step_time_s"], j["looks"]) == (40, 4)
     assert cfg("--max-step-time", "10").looks == 1
+
+
+def test_the_advised_schedule_comes_from_a_schedule_json(tmp_path):
+    path = tmp_path / "schedule.json"
+    path.write_text(json.dumps({"schedules": [
+        {"name": "code", "status": "schedule", "k": 4, "ranges": [[1, 3, 4], [4, 8, 0]]},
+        {"name": "mix", "status": "always", "k": 4, "ranges": [[1, 8, 4]]}]}))
+    hosts = ("--host", "http://a", "--baseline-host", "http://b", "--advised-host", "http://c")
+    assert cfg(*hosts, "--advised-schedule", str(path)).advised_schedule["name"] == "mix"
+    code = cfg(*hosts, "--advised-schedule", f"{path}:code").to_json()["advised_schedule"]
+    assert code["ranges"] == [[1, 3, 4], [4, 8, 0]]
+    with pytest.raises(C.ConfigError, match="no schedule named 'rag'"):
+        cfg(*hosts, "--advised-schedule", f"{path}:rag")
+    with pytest.raises(C.ConfigError, match="cannot read a schedule.json"):
+        cfg(*hosts, "--advised-schedule", str(tmp_path / "nope.json"))
+    with pytest.raises(C.ConfigError, match="give both"):
+        cfg("--advised-schedule", str(path))
 
 
 def test_windows_split_the_measured_time_by_the_warmup_length():

@@ -59,6 +59,7 @@ def test_vllm_takes_the_advised_schedule_and_the_sweep_verifies_it(vllm, tmp_pat
     with advised as url:
         second = tmp_path / "verify"
         proc = sweep("--host", vllm.draft, "--baseline-host", vllm.plain, "--advised-host", url,
+                     "--advised-schedule", f"{first / 'schedule.json'}:code",
                      "--max-step-time", "5", "--out", str(second))
     log = (vllm.logs / "advised.log").read_text(errors="replace")
     assert "num_speculative_tokens_per_batch_size" in log  # vLLM read the schedule
@@ -74,4 +75,5 @@ def test_vllm_takes_the_advised_schedule_and_the_sweep_verifies_it(vllm, tmp_pat
     md = (second / "report.md").read_text()
     section = md.split("## Verification: the advice, run", 1)[1].split("\n## ", 1)[0]
     assert "| code | 1 |" in section and "| code | 2 |" in section
+    assert "code's schedule, which the advised server ran" in section
     assert "n = " in section and "interval" in section
