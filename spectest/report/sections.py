@@ -398,5 +398,7 @@ def _server(info: dict) -> str:
                 f"{cfg.get('draft', '?')}{where}, K={cfg.get('k', '?')}), one server for both "
                 f"arms switched per request")
     if hosts.get("base") and hosts.get("base") != hosts.get("spec"):
-        return f"candidate {hosts.get('spec')} vs baseline {hosts.get('base')}"
+        advised = (f", and the advised configuration at {hosts['spec-advised']}"
+                   if hosts.get("spec-advised") else "")
+        return f"candidate {hosts.get('spec')} vs baseline {hosts.get('base')}{advised}"
     return f"{hosts.get('spec', '?')} (both arms, switched per request)"
