@@ -51,7 +51,7 @@ from scipy import stats
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from spectest.audit import distribution, runner, two_sample
+from spectest.audit import collect, distribution, runner, two_sample
 from spectest.audit.client import Client
 from spectest.audit.prompts import load_records, tokenize
 from spectest.audit.servers import ServerProcess, ServerSpec
@@ -73,7 +73,7 @@ async def capture(url: str, s: AuditSettings) -> tuple[np.ndarray, np.ndarray, i
         await base.resolve_model()
         cases = await tokenize(load_records(s.prompts, s.num_prompts, s.seed), base,
                                s.max_prompt_tokens)
-        triples, _ = await runner.sampled_phase(cand, base, cases, s)
+        triples, _ = await collect.sampled_phase(cand, base, cases, s)
     rows, firsts, seen, total = [], [], set(), 0
     for i, _, comp, scored in triples:
         for j in range(len(comp.tokens)):

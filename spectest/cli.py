@@ -183,6 +183,11 @@ def build_parser() -> argparse.ArgumentParser:
     audit_cli.add_arguments(p)
     p.set_defaults(func=audit_cli.main)
 
+    from spectest.audit import replay
+    p = sub.add_parser("replay", help="replay an audit's saved findings against both servers")
+    replay.add_arguments(p)
+    p.set_defaults(func=replay.main)
+
     p = sub.add_parser("dashboards", help="write (or --check) the Grafana dashboards JSON")
     p.add_argument("--out-dir", type=Path, default=None,
                    help="where to write them (created if missing; default, in a checkout: "

@@ -109,6 +109,25 @@ class Flavour:
     sampling_order: str = "temperature-first"
     sampling_overrides: Mapping[str, object] = field(default_factory=dict)
     no_prefix_cache: Mapping[str, object] = field(default_factory=dict)  # fields: recompute all
+    # the request field naming a prefix-cache namespace (vLLM's ``cache_salt``): requests with
+    # different values never share cached blocks, so a fresh value is a cold computation
+    cache_salt_field: str = ""
+    # where a response says how many prompt tokens came from its cache, besides OpenAI's
+    # ``usage.prompt_tokens_details.cached_tokens``: a field of ``timings`` (llama.cpp)
+    cached_tokens_field: str = ""
+    # request field names for the sampling parameters the audit varies, where the server's
+    # differ from vLLM's (``repetition_penalty``, ``min_p``, …): vLLM name → this server's
+    param_names: Mapping[str, str] = field(default_factory=dict)
+    # the window of recent tokens the repetition / presence / frequency penalties count
+    # (0: the whole output, vLLM's and spectest's; llama.cpp's repeat_last_n: 64)
+    penalty_window: int = 0
+    detokenize_path: str = ""  # turns token ids back into text (reproducers show it)
+    # (path, dotted JSON key) of a request's context length where /v1/models does not say it
+    # (``max_model_len`` there: vLLM, spectest): llama.cpp's per-slot n_ctx
+    context_probe: tuple[str, str] = ()
+    # (info metric, label) whose label value is the KV cache's size in tokens, where the
+    # server says it on /metrics (vLLM's cache_config_info); spectest says it in /v1/models
+    kv_size_label: tuple[str, str] = ()
     # Scoring by generation, many positions a request: the request field that constrains the
     # output to a given text ("grammar": llama.cpp's GBNF). With it the baseline generates the
     # candidate's own continuation greedily under the constraint, reporting its unconstrained
@@ -150,7 +169,7 @@ SPECTEST = Flavour(
     samples={s.name: s.sample_name for s in N.ALL},
     labels=N.REQUEST_LABELS, workload_label=True,
     speculative_switch="speculative", response_stats="spec", echo_scoring=True,
-    logprob_token_ids="token_id:N",
+    logprob_token_ids="token_id:N", cache_salt_field="cache_salt", detokenize_path="/detokenize",
     deployment_labels=("model_name",), drafter_label="drafter", deployment_text=_MODEL_LABEL,
     # spectest's own speculative alerts came first and keep their bare SpecDecode* names
     alert_prefix="Spectest",
@@ -173,9 +192,12 @@ VLLM = Flavour(
     key="vllm", display="vLLM", prefix="vllm:",
     samples=_same_names("vllm:", _SPEC_COUNTERS + (
         N.TTFT, N.ITL, N.TPOT, N.E2E, N.QUEUE, N.PREFILL, N.DECODE, N.RUNNING, N.WAITING,
-        N.KV_USAGE, N.PROMPT_TOKENS, N.GENERATION_TOKENS, N.PREEMPTIONS, N.REQUEST_SUCCESS)),
+        N.KV_USAGE, N.PROMPT_TOKENS, N.GENERATION_TOKENS, N.PREEMPTIONS, N.PREFIX_CACHE_QUERIES,
+        N.PREFIX_CACHE_HITS, N.REQUEST_SUCCESS)),
     labels=("model_name", "engine"), echo_scoring=True, logprob_token_ids="token_id:N",
     tokenize_path="/tokenize", response_stats="metrics.speculative_decoding",
+    cache_salt_field="cache_salt", detokenize_path="/detokenize",
+    kv_size_label=("vllm:cache_config_info", "kv_cache_size_tokens"),
     tokenize_body={"model": MODEL, "prompt": TEXT, "add_special_tokens": True},
     stats_flag="--per-request-spec-decode-metrics summary",
     deployment_labels=("model_name",), deployment_text=_MODEL_LABEL, alert_prefix="Vllm",
@@ -240,6 +262,9 @@ LLAMACPP = Flavour(
     echo_scoring=False,
     refused_fields=("echo", "best_of", "suffix"),
     sampling_order="temperature-last", no_prefix_cache={"cache_prompt": False},
+    cached_tokens_field="cache_n", param_names={"repetition_penalty": "repeat_penalty"},
+    penalty_window=64, detokenize_path="/detokenize",
+    context_probe=("/props", "default_generation_settings.n_ctx"),
     forced_text_field="grammar", slot_field="id_slot",
     parallel_probe=("/props", "total_slots"),  # -np
     knobs=Knobs(

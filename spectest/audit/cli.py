@@ -24,7 +24,8 @@ from pathlib import Path
 from spectest import flavours
 from spectest.audit import gate, runner
 from spectest.audit.samples import AuditError
-from spectest.audit.settings import CHECKS, NAMES, AuditSettings, read_config, resolve
+from spectest.audit.settings import (CHECKS, CONDITIONS, NAMES, PROFILES, AuditSettings,
+                                     read_config, resolve)
 from spectest.engine.drafter_names import DRAFTING
 
 DESCRIPTION = """\
@@ -58,6 +59,15 @@ def _checks(text: str) -> tuple[str, ...]:
     bad = [n for n in names if n not in CHECKS]
     if bad or not names:
         raise argparse.ArgumentTypeError(f"choose from {', '.join(CHECKS)} (comma-separated)")
+    return names
+
+
+def _conditions(text: str) -> tuple[str, ...]:
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [n for n in names if n not in CONDITIONS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"choose from {', '.join(CONDITIONS)} "
+                                         f"(comma-separated)")
     return names
 
 
@@ -133,6 +143,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _opt(g, "mismatch_tolerance", "mean next-token logprob gap (nats) above which candidate "
          "and baseline count as different models")
     _opt(g, "checks", "checks to run", type=_checks)
+    g = p.add_argument_group(
+        "conditions", "where the checks run: base (fresh prompts, no other traffic), load "
+        "(beside background traffic), prefix-reuse (cold vs warm prefix cache), long (long "
+        "outputs, long prompts, multi-turn), params (a ladder of sampling settings), "
+        "preemption (more than the KV cache holds)")
+    _opt(g, "profile", f"which conditions run: default = base; full = all of "
+         f"{', '.join(CONDITIONS)}", choices=list(PROFILES))
+    _opt(g, "conditions", "run these conditions instead of the profile's (comma-separated); "
+         "one named that cannot run makes the audit exit 2", type=_conditions)
+    _opt(g, "load_concurrency", "background requests in flight (load)")
+    _opt(g, "load_prompts", "prompts audited under load")
+    _opt(g, "prefix_prompts", "prompts sharing one prefix (prefix-reuse)")
+    _opt(g, "prefix_tokens", "the shared prefix's length in tokens (prefix-reuse)")
+    _opt(g, "long_tokens", "greedy tokens of each long output (long)")
+    _opt(g, "long_prompts", "prompts continued for --long-tokens (long)")
+    _opt(g, "long_prompt_tokens", "length of the long prompts, context permitting (long)")
+    _opt(g, "turns", "user turns of the multi-turn history (long)")
+    _opt(g, "params_prompts", "prompts per sampling setting (params)")
+    _opt(g, "params_samples", "sampled continuations per prompt and side (params)")
+    _opt(g, "params_tokens", "tokens per sampled continuation (params)")
+    _opt(g, "preemption_requests", "long requests sent at once (preemption)")
+    _opt(g, "preemption_tokens", "tokens each of them generates (preemption)")
+    _opt(g, "candidate_restart", "shell command that restarts the candidate when it dies "
+         "(e.g. 'docker restart vllm-spec'); the audit then goes on with the rest")
+    _opt(g, "revive_timeout", "seconds to wait for a dead candidate to answer again",
+         type=float)
+    _opt(g, "embedded_kv_budget", "KV positions an embedded server's running requests may "
+         "hold (spectest serve --kv-budget-tokens), so that preemption can be reached",
+         type=int)
     g = p.add_argument_group("run")
     _opt(g, "seed", "seed for prompt choice, sampling seeds and the PIT")
     _opt(g, "concurrency", "requests in flight per server")

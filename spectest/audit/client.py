@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 from spectest import flavours
 from spectest.audit.samples import (AuditError, Completion, ServerFailure, parse_logprobs,
@@ -92,6 +94,13 @@ class Client:
         self._session = aiohttp.ClientSession(timeout=self._timeout, headers=headers)
         return self
 
+    async def reset_session(self) -> None:
+        """After the server came back from a crash: drop the connections to the old one."""
+        old = self._session
+        await self.__aenter__()
+        if old is not None:
+            await old.close()
+
     async def __aexit__(self, *exc) -> None:
         if self._session is not None:
             await self._session.close()
@@ -146,6 +155,32 @@ class Client:
                              f"object: {text[:80]!r}")
         return data
 
+    async def metric(self, spec) -> float | None:
+        """The sum over labels of one metric of the table (``telemetry.names``) on this
+        server's ``/metrics``, under its flavour's name; None where the flavour has no such
+        metric or the server does not expose it."""
+        name = self.routes.flavour.sample(spec) if self.routes.flavour else None
+        text = await self.get_text("/metrics") if name else None
+        try:
+            values = [s.value for fam in text_string_to_metric_families(text or "")
+                      for s in fam.samples if s.name == name]
+        except ValueError:
+            return None
+        return sum(values) if values else None
+
+    async def label(self, metric: str, label: str) -> str | None:
+        """The value of ``label`` on the first series of ``metric`` on ``/metrics`` (an info
+        metric's fact, such as vLLM's KV cache size), or None."""
+        text = await self.get_text("/metrics")
+        try:
+            for fam in text_string_to_metric_families(text or ""):
+                for sample in fam.samples:
+                    if sample.name == metric and label in sample.labels:
+                        return sample.labels[label]
+        except ValueError:
+            return None
+        return None
+
     async def get_text(self, path: str) -> str | None:
         """A plain GET (``/metrics``); None when it is not there."""
         try:
@@ -197,10 +232,24 @@ class Client:
     async def complete(self, prompt: list[int] | str, *, max_tokens: int, temperature: float,
                        logprobs: int, top_p: float = 1.0, top_k: int = -1,
                        seed: int | None = None, ignore_eos: bool = True,
-                       fresh: bool = False) -> Completion:
+                       fresh: bool = False, salt: str | None = None,
+                       fields: Mapping | None = None) -> Completion:
         """One completion; ``fresh`` asks the server to recompute the whole prompt instead of
-        reusing its prefix cache (the flavour's ``no_prefix_cache`` fields), so that the result
-        does not depend on what the server computed before."""
+        reusing its prefix cache (the flavour's ``no_prefix_cache`` fields, or a salt of its
+        own), so that the result does not depend on what the server computed before; ``salt``
+        puts the request in that prefix-cache namespace (where the server has one); ``fields``:
+        more request fields (penalties, ``stop``, ``logit_bias`` …), in the server's names."""
+        return (await self.complete_all(prompt, max_tokens=max_tokens, temperature=temperature,
+                                        logprobs=logprobs, top_p=top_p, top_k=top_k, seed=seed,
+                                        ignore_eos=ignore_eos, fresh=fresh, salt=salt,
+                                        fields=fields))[0]
+
+    async def complete_all(self, prompt: list[int] | str, *, max_tokens: int,
+                           temperature: float, logprobs: int, top_p: float = 1.0,
+                           top_k: int = -1, seed: int | None = None, ignore_eos: bool = True,
+                           fresh: bool = False, salt: str | None = None,
+                           fields: Mapping | None = None) -> list[Completion]:
+        """:meth:`complete`, every choice (``fields`` may ask for ``n`` > 1)."""
         body = self.body(prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                          logprobs=logprobs)
         if top_k > 0:
@@ -209,38 +258,64 @@ class Client:
             body["seed"] = seed
         if ignore_eos:
             body["ignore_eos"] = True
-        if temperature > 0 and self.routes.flavour is not None:
-            body.update(self.routes.flavour.sampling_overrides)
-        if fresh and self.routes.flavour is not None:
-            body.update(self.routes.flavour.no_prefix_cache)
+        flavour = self.routes.flavour
+        if temperature > 0 and flavour is not None:
+            body.update(flavour.sampling_overrides)
+        if fresh:
+            body.update(flavour.no_prefix_cache if flavour is not None else {})
+            if flavour is not None and flavour.cache_salt_field:
+                body[flavour.cache_salt_field] = uuid.uuid4().hex
+        if salt is not None and flavour is not None and flavour.cache_salt_field:
+            body[flavour.cache_salt_field] = salt
+        body.update(fields or {})
         body.update(self.endpoint.extra)
         data = await self.call("POST", "/v1/completions", body)
-        choice = first_choice(data, self.role)
-        lp, left_out = whole_tokens(choice.get("logprobs"),
-                                    (data.get("usage") or {}).get("completion_tokens"))
-        positions = parse_logprobs(lp, f"the {self.role}", logprobs)
-        if len(positions) > max_tokens:
-            raise AuditError(f"the {self.role} returned {len(positions)} tokens for max_tokens "
-                             f"{max_tokens}")
+        choices = data.get("choices")
+        if not isinstance(choices, list) or not choices:
+            first_choice(data, self.role)  # raises the readable error
+        usage = data.get("usage") or {}
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") \
+            if isinstance(usage.get("prompt_tokens_details"), dict) else None
+        if cached is None and flavour is not None and flavour.cached_tokens_field:
+            cached = (data.get("timings") or {}).get(flavour.cached_tokens_field)
         spec = flavours.response_stats(data)
-        return Completion(tuple(p.token for p in positions), positions,
-                          choice.get("finish_reason"),
-                          {**(data.get("spec") or {}), **spec.as_spec()} if spec else None,
-                          pieces=_pieces(lp), left_out=left_out)
+        out = []
+        for choice in sorted((c for c in choices if isinstance(c, dict)),
+                             key=lambda c: c.get("index") or 0):
+            lp, left_out = whole_tokens(choice.get("logprobs"),
+                                        usage.get("completion_tokens") if len(choices) == 1
+                                        else None)
+            positions = parse_logprobs(lp, f"the {self.role}", logprobs)
+            if len(positions) > max_tokens:
+                raise AuditError(f"the {self.role} returned {len(positions)} tokens for "
+                                 f"max_tokens {max_tokens}")
+            out.append(Completion(tuple(p.token for p in positions), positions,
+                                  choice.get("finish_reason"),
+                                  {**(data.get("spec") or {}), **spec.as_spec()} if spec
+                                  else None, pieces=_pieces(lp), left_out=left_out,
+                                  text=choice.get("text") or "",
+                                  cached_tokens=cached if isinstance(cached, int) else None,
+                                  body=body))
+        return out
 
-    async def echo(self, prompt, logprobs: int) -> tuple[dict | None, int | None]:
+    async def echo(self, prompt, logprobs: int,
+                   own_fields: bool = False) -> tuple[dict | None, int | None]:
         """An echo request that generates nothing (``max_tokens: 0``, the OpenAI scoring idiom);
         servers that insist on ``max_tokens >= 1`` get 1, and the extra token is dropped.
-        Returns (the choice's logprobs object, the prompt's token count if reported)."""
+        ``own_fields``: with this side's extra fields (the candidate's prompt logprobs, as
+        its users would get them). Returns (the choice's logprobs object, the prompt's token
+        count if reported)."""
         body = self.body(prompt, max_tokens=self._echo_tokens, echo=True, logprobs=logprobs,
                          temperature=0)
+        if own_fields:
+            body.update(self.endpoint.extra)
         try:
             data = await self.call("POST", "/v1/completions", body)
         except AuditError as exc:
             if self._echo_tokens or "max_tokens" not in str(exc):
                 raise
             self._echo_tokens = 1
-            return await self.echo(prompt, logprobs)
+            return await self.echo(prompt, logprobs, own_fields)
         usage = data.get("usage") or {}
         return first_choice(data, self.role).get("logprobs"), usage.get("prompt_tokens")
 

@@ -64,14 +64,15 @@ async def confirm(exc: ServerFailure, cand: Client, base: Client, phase: str,
     except AuditError as base_exc:
         raise AuditError(f"both servers failed the same request ({phase}): candidate: {exc}; "
                          f"baseline: {base_exc}") from None
-    alive = await _answers(cand)
+    alive = await answers(cand)
     error = str(exc)
     error = error.split(" with ", 1)[1] if " with HTTP " in error else error
     return CandidateFailure(phase, settings_of(exc.body), error.rstrip(". ")[:300],
                             "served it (HTTP 200)", breaking, alive)
 
 
-async def _answers(client: Client) -> bool:
+async def answers(client: Client) -> bool:
+    """Does the server still answer ``/v1/models``?"""
     try:
         await client.call("GET", "/v1/models")
         return True

@@ -1,11 +1,12 @@
 """The verdict and what it is written to: exit code, JSON report, JUnit XML, human summary.
 
 Owns: turning an :class:`~spectest.audit.runner.AuditRun` into one outcome per check
-(pass / fail / not run, a one-line summary and, on failure, a pointer at the likely cause),
-the "serving" outcome (the candidate failed a request the baseline served: a finding), the exit
-code (0 pass, 1 drift found or the candidate failed, 2 could not run), the "worst prompts" table, and the
-three files — ``report.json``, ``junit.xml`` (one test case per check, so any CI shows which
-check failed) and ``summary.md`` — each written atomically (temp file + ``os.replace``).
+(pass / fail / not run, a one-line summary and, on failure, a pointer at the likely cause) —
+the base condition's checks, then each further condition's, named ``condition: check`` — the
+"serving" outcome (the candidate failed a request the baseline served: a finding), the exit
+code (0 pass, 1 drift found or the candidate failed, 2 could not run), the "worst prompts"
+table, and the three files — ``report.json``, ``junit.xml`` (one test case per check, so any CI
+shows which check failed) and ``summary.md`` (``summary``) — each written atomically.
 
 Does not know: HTTP or statistics.
 """
@@ -14,8 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
@@ -23,6 +22,7 @@ from pathlib import Path
 
 from spectest.audit import noise
 from spectest.audit.runner import AuditRun
+from spectest.audit.summary import summary_text
 
 SCHEMA = 1
 TITLES = {"serving": "the candidate serves every request the baseline serves",
@@ -34,28 +34,46 @@ EXIT_PASS, EXIT_DRIFT, EXIT_CANNOT_RUN = 0, 1, 2
 
 @dataclass(frozen=True)
 class Outcome:
-    check: str
-    status: str  # "pass" | "fail" | "not run"
+    check: str  # a base check's name, or "condition: check"
+    status: str  # "pass" | "fail" | "not run" | "not reached"
     summary: str
     cause: str = ""
     details: dict = field(default_factory=dict)
+    condition: str = "base"
+
+    @property
+    def title(self) -> str:
+        return TITLES.get(self.check, self.check)
 
 
 def outcomes(run: AuditRun) -> list[Outcome]:
-    failure = run.failure
-    out = [Outcome("serving", "fail", failure.summary(), "", asdict(failure)) if failure else
+    findings = run.findings or ([run.failure] if run.failure else [])
+    out = [Outcome("serving", "fail", "; ".join(f.summary() for f in findings), "",
+                   {**asdict(findings[0]), "findings": [asdict(f) for f in findings]})
+           if findings else
            Outcome("serving", "pass", "every request was served") if run.cases and not run.error
            else Outcome("serving", "not run", run.error or "not run")]
+    based = "base" in run.settings.planned
     for name in run.settings.checks:
         result = getattr(run, name)
         if result is None:
-            why = ("not run: the candidate failed a request (see serving)" if failure
+            why = ("not run: base is not among the conditions asked for" if not based else
+                   "not run: the candidate failed a request (see serving)" if run.failure
                    else run.error or "not run")
             out.append(Outcome(name, "not run", why))
             continue
         cause = "" if result.passed else _cause(name, result)
         out.append(Outcome(name, "pass" if result.passed else "fail", result.reason(), cause,
                            _details(name, result)))
+    for cond in run.conditions:
+        checks = [c for c in cond.checks if c.check != "serving"]  # findings: in serving
+        if not checks or cond.status in ("not run", "not reached"):
+            out.append(Outcome(cond.name, cond.status, cond.reason or cond.status,
+                               condition=cond.name, details={"evidence": cond.evidence}))
+        for c in checks:
+            out.append(Outcome(f"{cond.name}: {c.check}", c.status, c.summary, c.cause,
+                               {"p_value": c.p_value, "alpha": c.alpha,
+                                "reproducer": c.reproducer, **dict(c.details)}, cond.name))
     return out
 
 
@@ -106,10 +124,14 @@ def _details(name: str, result) -> dict:
 
 
 def exit_code(run: AuditRun, outs: list[Outcome]) -> int:
+    """1 when anything failed; 2 when the audit, a base check or a condition the user named
+    could not run (a profile's condition the server cannot meet is reported, not failed)."""
     if any(o.status == "fail" for o in outs):
         return EXIT_DRIFT
-    outs = [o for o in outs if o.check != "serving"]
-    if run.error or any(o.status != "pass" for o in outs):
+    named = set(run.settings.conditions)
+    blocking = [o for o in outs if o.check != "serving" and (
+        o.condition == "base" and "base" in run.settings.planned or o.condition in named)]
+    if run.error or any(o.status not in ("pass",) for o in blocking):
         return EXIT_CANNOT_RUN
     return EXIT_PASS
 
@@ -164,7 +186,7 @@ def worst_prompts(run: AuditRun, n: int = 5) -> list[dict]:
 def build_report(run: AuditRun, outs: list[Outcome], started: float, duration: float) -> dict:
     code = exit_code(run, outs)
     return {"spectest_audit": SCHEMA,
-            "verdict": ("candidate failed" if run.failure else
+            "verdict": ("candidate failed" if run.findings or run.failure else
                         {EXIT_PASS: "pass", EXIT_DRIFT: "drift",
                          EXIT_CANNOT_RUN: "could not run"}[code]),
             "exit_code": code, "reason": reason(run, outs), "interrupted": run.interrupted,
@@ -178,95 +200,33 @@ def build_report(run: AuditRun, outs: list[Outcome], started: float, duration: f
             "tolerances_applied": run.tolerances,
             "prompts": [{"id": c.id, "category": c.category, "tokens": len(c.ids)}
                         for c in run.cases],
-            "checks": {o.check: {"title": TITLES[o.check], "status": o.status,
+            "checks": {o.check: {"title": o.title, "status": o.status, "condition": o.condition,
                                  "summary": o.summary, "cause": o.cause, **o.details}
                        for o in outs},
+            "profile": run.settings.profile, "conditions_planned": list(run.settings.planned),
+            "statistical_tests": run.tests, "alpha_each": run.alpha,
+            "conditions": [c.public() for c in run.conditions],
+            "reproducers": list(run.reproducers),
             "worst_prompts": worst_prompts(run) if run.cases else []}
-
-
-def summary_text(report: dict) -> str:
-    verdict = {"pass": "PASS", "drift": "DRIFT FOUND", "could not run": "COULD NOT RUN",
-               "candidate failed": "CANDIDATE FAILED"}
-    lines = [f"# spectest audit: {verdict[report['verdict']]} (exit {report['exit_code']})", ""]
-    for role, ep in report["endpoints"].items():
-        extra = f" {json.dumps(ep['extra'])}" if ep.get("extra") else ""
-        lines.append(f"- {role}: {ep['url']} model {ep.get('model')!r}{extra}")
-    spec = report["candidate_speculation"]
-    for phase, t in spec.items():
-        if t.get("reported"):
-            rate = t["acceptance_rate"]
-            rounds = ("rounds not reported" if t["drafts"] is None
-                      else f"{t['drafts']} draft rounds")
-            lines.append(f"- candidate speculation ({phase}): {t['draft_tokens']} draft tokens, "
-                         f"{t['accepted_tokens']} accepted "
-                         f"({'n/a' if rate is None else f'{100 * rate:.1f}%'}), {rounds}")
-            if not t["draft_tokens"]:
-                lines.append("  - WARNING: the candidate never speculated; the audit compared "
-                             "the target with itself")
-    floor = report.get("noise_floor")
-    if floor and floor["positions"]:
-        tol = report.get("tolerances_applied") or {}
-        shaped = (f" ({floor['shaped_positions']} of them read in verification-shaped "
-                  f"batches: max KL {floor['shaped_max_kl']:.2g})"
-                  if floor.get("shaped_positions") else "")
-        lines.append(f"- baseline noise floor (the baseline re-scoring its own greedy runs): "
-                     f"{floor['positions']} positions{shaped}, max |Δlogprob| "
-                     f"{floor['max_abs_logprob']:.3g}, max KL {floor['max_kl']:.2g}; tolerances "
-                     f"applied: tie {tol.get('tie_tolerance', 0):.3g} nats, max |Δlogprob| "
-                     f"{tol.get('max_abs_logprob', 0):.3g}, max KL {tol.get('max_kl', 0):.2g}")
-    coverage = report.get("coverage") or {}
-    if coverage.get("candidate_unreported"):
-        lines.append(f"- the candidate reported no logprobs for "
-                     f"{coverage['candidate_unreported']} of {coverage['logprob_positions']} "
-                     f"generated positions (tokens accepted from a draft); the logprob check "
-                     f"covers the rest")
-    if coverage.get("logprob_unmeasured"):
-        lines.append(f"- {coverage['logprob_unmeasured']} sampled tokens were past the top-n the "
-                     f"baseline reports when it scores by generation: their logprob difference "
-                     f"is not measured (KL on the shared top-n still is)")
-    if coverage.get("left_out_tokens"):
-        lines.append(f"- {coverage['left_out_tokens']} generated tokens were left out: from a "
-                     f"character the server reported as one logprobs entry although it spans "
-                     f"several tokens (llama.cpp: the entry carries the figures of the token "
-                     f"that completed it) on, its entries no longer line up with the tokens")
-    for key, what in (("baseline_unscored", "logprob positions"),
-                      ("distribution_unscored", "sampled tokens")):
-        if coverage.get(key):
-            lines.append(f"- {coverage[key]} {what} could not be scored by the baseline "
-                         f"(a prefix re-tokenised differently or not sendable as text)")
-    lines.append("")
-    routes = report.get("routes") or {}
-    for name, c in report["checks"].items():
-        if c["status"] == "not run":
-            lines.append(f"- **[NOT RUN]** {c['title']}")
-            continue
-        lines.append(f"- **[{c['status'].upper()}]** {c['title']}: {c['summary']}")
-        if c["cause"]:
-            lines.append(f"  - likely cause: {c['cause']}")
-        if routes.get(name):
-            lines.append(f"  - route: {routes[name]}")
-    if report["verdict"] == "could not run":
-        lines += ["", f"Could not run: {report['reason']}"]
-    worst = [w for w in report["worst_prompts"] if w["problems"]]
-    if worst:
-        lines += ["", "Worst prompts:"]
-        for w in worst:
-            lines.append(f"1. `{w['id']}` ({w['category']}): {'; '.join(w['problems'])}")
-    return "\n".join(lines) + "\n"
 
 
 def junit_xml(report: dict, outs: list[Outcome]) -> bytes:
     suite = ET.Element("testsuite", name="spectest-audit", tests=str(len(outs)),
                        failures=str(sum(o.status == "fail" for o in outs)),
-                       errors=str(sum(o.status == "not run" for o in outs)),
+                       errors=str(sum(o.status == "not run" and o.condition == "base"
+                                      for o in outs)),
+                       skipped=str(sum(o.status in ("not run", "not reached") and
+                                       o.condition != "base" for o in outs)),
                        time=f"{report['duration_s']:.3f}", timestamp=report["started_at"])
     for o in outs:
         case = ET.SubElement(suite, "testcase", classname="spectest.audit", name=o.check)
         if o.status == "fail":
             el = ET.SubElement(case, "failure", message=o.summary, type="drift")
-            el.text = f"{TITLES[o.check]}: {o.summary}\nlikely cause: {o.cause}"
-        elif o.status == "not run":
+            el.text = f"{o.title}: {o.summary}\nlikely cause: {o.cause}"
+        elif o.status == "not run" and o.condition == "base":
             ET.SubElement(case, "error", message=o.summary, type="could-not-run")
+        elif o.status in ("not run", "not reached"):  # a condition the server cannot meet
+            ET.SubElement(case, "skipped", message=f"{o.status}: {o.summary}")
         if o.status != "not run":
             out = ET.SubElement(case, "system-out")
             out.text = json.dumps(_finite(report["checks"].get(o.check, {})),

@@ -73,8 +73,14 @@ async def _head(client: Client, text: str, max_tokens: int | None) -> list[int]:
     the model's first token finishes a character the prompt began — a prompt no user sends,
     and one where servers that report logprobs per character (llama.cpp) hold the first
     position's logprobs back."""
+    return (await head(client, text, max_tokens))[1]
+
+
+async def head(client: Client, text: str, max_tokens: int | None) -> tuple[str, list[int]]:
+    """The longest head of ``text`` (cut on a character) within ``max_tokens`` tokens as
+    ``client``'s server tokenizes it, and its ids (``max_tokens`` None: all of it)."""
     toks = await scoring.tokenize(client, text)
     while max_tokens is not None and len(toks) > max_tokens:
         text = text[:max(1, min(len(text) - 1, len(text) * max_tokens // len(toks)))]
         toks = await scoring.tokenize(client, text)
-    return toks
+    return text, toks

@@ -73,6 +73,9 @@ class Completion:
     spec: Mapping | None = None  # per-response speculation stats (spectest's shape), if any
     pieces: tuple[bytes, ...] | None = None  # each token's bytes, where the server says them
     left_out: int = 0  # generated tokens past the last aligned logprobs entry (``whole_tokens``)
+    text: str = ""  # the choice's text, as the server wrote it
+    cached_tokens: int | None = None  # prompt tokens its prefix cache served (where it says)
+    body: Mapping | None = None  # the request that made it, exactly as sent (reproducers)
 
     @property
     def drafts(self) -> int | None:

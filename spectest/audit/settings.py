@@ -24,6 +24,9 @@ from spectest.audit.samples import AuditError
 
 CHECKS = ("greedy", "logprobs", "distribution")
 EMBEDDED = "embedded"
+# the conditions an audit's checks run under (``spectest.audit.conditions``), and the profiles
+CONDITIONS = ("base", "load", "prefix-reuse", "long", "params", "preemption")
+PROFILES = {"default": ("base",), "full": CONDITIONS}
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,26 @@ class AuditSettings:
     # noise floor widened the tolerances or was not measured; on; off (against the scoring)
     sampled_control: str = "auto"
     checks: tuple[str, ...] = CHECKS
+    # conditions (spectest.audit.conditions): the profile's, or these named ones
+    profile: str = "default"
+    conditions: tuple[str, ...] = ()
+    load_concurrency: int = 8  # background requests in flight under the load condition
+    load_prompts: int = 8  # audited prompts under load (greedy + sampled)
+    prefix_prompts: int = 6  # prompts sharing one long prefix (prefix-reuse)
+    prefix_tokens: int = 384  # the shared prefix's length
+    long_tokens: int = 512  # greedy continuation length (long)
+    long_prompts: int = 3  # prompts continued for long_tokens
+    long_prompt_tokens: int = 2048  # long prompts (RAG passages), context permitting
+    turns: int = 4  # user turns of the multi-turn history (long)
+    params_prompts: int = 6  # prompts a rung of the sampling-parameter ladder uses
+    params_samples: int = 4  # sampled continuations per prompt and side on a rung
+    params_tokens: int = 24  # tokens per rung continuation
+    preemption_requests: int = 12  # long requests sent at once to overflow the KV cache
+    preemption_tokens: int = 320
+    # the candidate: a command that restarts it when it dies (run in a shell), and how long to
+    # wait for it to answer again before the rest of the audit is "not run"
+    candidate_restart: str | None = None
+    revive_timeout: float = 240.0
     # running
     seed: int = 0
     concurrency: int = 8
@@ -82,11 +105,18 @@ class AuditSettings:
     embedded_drafter: str = "draft-model"
     embedded_k: int | None = None  # None: the model's measured default (engine.api.default_k)
     embedded_threads: int | None = 1
+    # KV positions an embedded server's running requests may hold together (spectest serve
+    # --kv-budget-tokens): small enough that the preemption condition makes it preempt
+    embedded_kv_budget: int | None = 4096
 
     def __post_init__(self):
         problems = []
         for name in ("num_prompts", "greedy_tokens", "samples_per_prompt", "sample_tokens",
-                     "concurrency", "max_prompt_tokens", "embedded_k"):
+                     "concurrency", "max_prompt_tokens", "embedded_k", "load_concurrency",
+                     "load_prompts", "prefix_prompts", "prefix_tokens", "long_tokens",
+                     "long_prompts", "long_prompt_tokens", "turns", "params_prompts",
+                     "params_samples", "params_tokens", "preemption_requests",
+                     "preemption_tokens", "embedded_kv_budget"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 problems.append(f"{name.replace('_', '-')} must be >= 1")
         if not 1 <= self.logprobs <= 20:
@@ -114,6 +144,12 @@ class AuditSettings:
         unknown = set(self.checks) - set(CHECKS)
         if unknown or not self.checks:
             problems.append(f"checks must be a non-empty subset of {', '.join(CHECKS)}")
+        if self.profile not in PROFILES:
+            problems.append(f"profile must be one of {', '.join(PROFILES)}")
+        if set(self.conditions) - set(CONDITIONS):
+            problems.append(f"conditions must be a subset of {', '.join(CONDITIONS)}")
+        if self.revive_timeout < 0:
+            problems.append("revive-timeout must be >= 0")
         if problems:
             raise AuditError("bad settings: " + "; ".join(problems))
         if "distribution" in self.checks:
@@ -129,6 +165,12 @@ class AuditSettings:
                           self.max_top1_disagreement)
 
     @property
+    def planned(self) -> tuple[str, ...]:
+        """The conditions this audit runs, in order: the named ones, else its profile's."""
+        named = set(self.conditions) or set(PROFILES[self.profile])
+        return tuple(c for c in CONDITIONS if c in named)
+
+    @property
     def same_server(self) -> bool:
         return self.candidate.rstrip("/") == self.baseline.rstrip("/")
 
@@ -137,6 +179,7 @@ class AuditSettings:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["api_key"] = "***" if self.api_key else None
         out["checks"] = list(self.checks)
+        out["conditions"] = list(self.planned)
         return out
 
 

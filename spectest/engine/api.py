@@ -20,6 +20,7 @@ from spectest.engine.drafter_names import DRAFTERS, model_drafter
 from spectest.engine.drafters import (NGRAM_MAX, NGRAM_MIN, DraftModelDrafter, Drafter,
                                       HybridDrafter, NGramDrafter, NoDrafter)
 from spectest.engine.eagle import EagleDrafter, load_eagle
+from spectest.engine.faults import DEFAULT_FAULT_AFTER
 from spectest.engine.engine import EngineConfig, SpecEngine
 from spectest.engine.gguf_loader import find_smollm2
 from spectest.engine.int8 import quantize_int8, should_quantize
@@ -134,6 +135,12 @@ def prepare_draft(draft: LoadedModel, int8: bool) -> LoadedModel:
     return draft
 
 
+def prefix_tokens(cfg, megabytes: float) -> int:
+    """Prompt tokens whose keys and values (float32, every layer) fit in ``megabytes``."""
+    per_token = cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2 * 4
+    return int(megabytes * 2**20 // per_token)
+
+
 def build_engine(target: str | Path = "embedded", draft: str | Path | None = "auto",
                  drafter: str = "draft-model", policy: KPolicy | None = None,
                  max_num_seqs: int = 8, max_model_len: int | None = None,
@@ -142,7 +149,9 @@ def build_engine(target: str | Path = "embedded", draft: str | Path | None = "au
                  ngram_min: int = NGRAM_MIN, k_reserve: int = 0,
                  policy_options: PolicyOptions | None = None,
                  drafter_instance: Drafter | None = None,
-                 quantize: str = "auto") -> SpecEngine:
+                 quantize: str = "auto", prefix_cache_mb: float = 0.0,
+                 kv_budget_tokens: int | None = None,
+                 fault_after: int = DEFAULT_FAULT_AFTER) -> SpecEngine:
     """``draft``: a checkpoint, or ``auto`` (None) for the target's companion draft;
     ``max_model_len``: KV positions per sequence (default: the context the target was trained
     for, its ``max_position_embeddings``);
@@ -152,7 +161,11 @@ def build_engine(target: str | Path = "embedded", draft: str | Path | None = "au
     ``policy_options``: how runtime policy changes are built (default: within the start-up
     policy's bounds);
     ``drafter_instance``: a drafter built by the caller (e.g. one in another process) instead
-    of ``drafter`` / ``draft``."""
+    of ``drafter`` / ``draft``; ``prefix_cache_mb``: memory for the prompt KV kept for reuse by
+    later prompts (0: no prefix caching); ``kv_budget_tokens``: KV positions the running
+    sequences may hold together, admitting on what each holds and preempting the newest when
+    they outgrow it (None: each reserves its worst case, never preempted); ``fault_after``:
+    when the decay-after-requests fault starts."""
     target_model = load_checkpoint(resolve_model_path(target))
     max_model_len = max_model_len or target_model.model.config.max_position_embeddings
     int8 = should_quantize(quantize, target_model.model)
@@ -173,8 +186,11 @@ def build_engine(target: str | Path = "embedded", draft: str | Path | None = "au
     k_limit = max(policy.k_max if policy else 8, k_reserve)
     policy = policy or make_policy("fixed", k=4)
     cfg = EngineConfig(SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-                                       max_waiting=max_waiting, spec_slots=k_limit + 1),
-                       faults=faults)
+                                       max_waiting=max_waiting, spec_slots=k_limit + 1,
+                                       kv_budget_tokens=kv_budget_tokens),
+                       faults=faults, fault_after=fault_after,
+                       prefix_cache_tokens=prefix_tokens(target_model.model.config,
+                                                         prefix_cache_mb))
     made = drafter_instance
     if made is None and base == "eagle":
         head, head_ids = load_eagle(resolve_model_path(

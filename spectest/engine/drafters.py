@@ -23,24 +23,33 @@ from dataclasses import dataclass, replace
 from typing import Callable, Protocol
 
 import torch
+import torch.nn.functional as F
 
 from spectest.engine.drafter_names import HYBRID
 from spectest.engine.model import Transformer
-from spectest.engine.sampling import probs_from_logits, sample_from
+from spectest.engine.penalties import Penalties, apply_penalties
+from spectest.engine.sampling import SamplingParams, probs_from_logits, sample_from
 
 
 @dataclass
 class DraftRow:
-    """One sequence asking for drafts this round."""
+    """One sequence asking for drafts this round, with the request's sampling parameters: a
+    draft samples (and adjusts its logits, ``engine.penalties``) exactly as the target will."""
 
     slot: int
     tokens: list[int]  # prompt + output so far (the last one is not yet in any KV cache)
     k: int  # at most this many drafts
-    greedy: bool
-    temperature: float
-    top_k: int
-    top_p: float
+    params: SamplingParams
     uniforms: torch.Tensor | None = None  # [k] for sampled rows
+    prompt_len: int = 0  # tokens[:prompt_len] is the prompt (penalties count the rest)
+
+    @property
+    def greedy(self) -> bool:
+        return self.params.greedy
+
+    @property
+    def temperature(self) -> float:
+        return 1.0 if self.params.greedy else self.params.temperature
 
 
 @dataclass(frozen=True)
@@ -190,10 +199,13 @@ class DraftModelDrafter:
         if K == 0:
             return Proposal.empty(B)
         slots = torch.tensor([r.slot for r in rows])
-        temperature = torch.tensor([1.0 if r.greedy else r.temperature for r in rows])
-        top_k = torch.tensor([r.top_k for r in rows])
-        top_p = torch.tensor([r.top_p for r in rows])
+        temperature = torch.tensor([r.temperature for r in rows])
+        top_k = torch.tensor([r.params.top_k for r in rows])
+        top_p = torch.tensor([r.params.top_p for r in rows])
+        min_p = torch.tensor([r.params.min_p for r in rows])
         greedy = torch.tensor([r.greedy for r in rows])
+        pen = Penalties.of([r.params for r in rows], [r.tokens for r in rows],
+                           [r.prompt_len for r in rows], self.vocab_size)
         any_sampled = not bool(greedy.all())
         need_probs = any_sampled or stop is not None
         tokens = torch.zeros(B, K, dtype=torch.long)
@@ -202,10 +214,17 @@ class DraftModelDrafter:
         logits = self._first_logits(rows, slots)  # [B, N]
         active = torch.arange(B)  # rows still drafting
         for step in range(K):
+            if pen is not None:  # this step sees the committed tokens and the drafts so far
+                mine = pen.select(active)
+                counts = mine.output_counts + F.one_hot(
+                    tokens[active, :step], self.vocab_size).float().sum(1)  # [b, V]
+                logits = apply_penalties(logits[:, None], mine, counts[:, None],
+                                         self.head_ids)[:, 0]  # [b, N]
             step_probs = None
             if need_probs:
                 step_probs = probs_from_logits(logits[:, None], temperature[active],
-                                               top_k[active], top_p[active])[:, 0]  # [b, N]
+                                               top_k[active], top_p[active],
+                                               min_p[active])[:, 0]  # [b, N]
                 if stop is not None and stop(step_probs.max(dim=-1).values):
                     break
             pick = logits.argmax(dim=-1)  # [b] columns of the head

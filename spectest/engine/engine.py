@@ -18,6 +18,12 @@ How the target samples, verifies and commits is a rules object chosen once at co
 (``engine.faults``): the exact rules, or — for the auditor's tests — rules with deliberate bugs
 (``EngineConfig.faults``); the round itself has no fault branches.
 
+With ``EngineConfig.prefix_cache_tokens`` a prefill first restores the longest cached prefix of
+the prompt (``engine.prefix_cache``, keyed by the request's ``cache_salt``) and computes only
+the rest. Sampling parameters that depend on the tokens so far (logit bias, penalties) adjust
+the target's logits at every verified position for the history that position sees
+(``engine.penalties``), as the draft adjusts its own.
+
 Does not know: HTTP, Prometheus, OpenTelemetry (observers subscribe to round records and the
 server reads per-request stats from the final output).
 """
@@ -35,8 +41,10 @@ import torch.nn.functional as F
 
 from spectest.engine.control import SpeculationControl, control_for
 from spectest.engine.drafters import Drafter, DraftRow, NoDrafter
-from spectest.engine.faults import FAULTS, rules_for
+from spectest.engine.faults import DEFAULT_FAULT_AFTER, FAULTS, RoundContext, rules_for
+from spectest.engine.penalties import Penalties, apply_penalties, position_counts
 from spectest.engine.policies import Decision, FixedK, KPolicy
+from spectest.engine.prefix_cache import PrefixCache
 from spectest.engine.requests import (GenerationRequest, RequestOutput, RequestStats,
                                       RoundRecord, RowRecord, TokenLogprob)
 from spectest.engine.sampling import probs_from_logits, sample_from
@@ -54,6 +62,8 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     faults: frozenset[str] = frozenset()  # names of engine.faults.FAULTS: deliberate bugs
     lossy_threshold: float = 0.1
+    fault_after: int = DEFAULT_FAULT_AFTER  # requests before decay-after-requests starts
+    prefix_cache_tokens: int = 0  # prompt KV kept for reuse (0: no prefix caching)
 
     def __post_init__(self):
         unknown = set(self.faults) - set(FAULTS)
@@ -83,9 +93,12 @@ class SpecEngine:
         # an EAGLE-style drafter reads the target's final-norm hidden states (engine.eagle)
         self.feeds_features = bool(getattr(drafter, "wants_features", False))
         self.rounds = 0
+        self.served = 0  # requests finished (for the decay-after-requests fault)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self.rules = rules_for(config.faults, config.lossy_threshold)
+        self.rules = rules_for(config.faults, config.lossy_threshold, config.fault_after)
+        self.prefix = (PrefixCache(config.prefix_cache_tokens)
+                       if config.prefix_cache_tokens else None)
 
     # --- public API ------------------------------------------------------------------------
     def submit(self, request: GenerationRequest, on_output: OutputCallback) -> None:
@@ -114,7 +127,9 @@ class SpecEngine:
             self._thread = None
 
     def kv_usage(self) -> float:
-        return self.cache.used_positions() / (self.cache.n_slots * self.cache.max_len)
+        """Positions in use over what the running sequences may hold (the budget, if set)."""
+        room = min(self.cache.n_slots * self.cache.max_len, self.config.scheduler.budget)
+        return self.cache.used_positions() / room
 
     def run_until_idle(self) -> None:
         """Step on the caller's thread until nothing is queued or running (no thread mode)."""
@@ -135,11 +150,14 @@ class SpecEngine:
         if change is not None:
             self.speculating = change.new.enabled
             self.policy = change.policy or self.policy
-        admitted, cancelled = self.scheduler.schedule()
+        admitted, cancelled, preempted = self.scheduler.schedule()
         for seq in cancelled:
             self._release(seq)
             seq.on_output(RequestOutput(seq.request.request_id, (), "", finished=True,
                                         finish_reason="abort", stats=self._stats(seq)))
+        for seq in preempted:  # back in the queue: its KV goes, its tokens stay
+            self.cache.reset(seq.slot)
+            self.drafter.release(seq.slot)
         for seq in admitted:
             try:
                 self._prefill(seq)
@@ -157,25 +175,41 @@ class SpecEngine:
                 for seq in running:
                     if not seq.finished:
                         self._finish(seq, "error", error=f"engine round failed: {exc}")
-        return bool(admitted or cancelled or running)
+        return bool(admitted or cancelled or preempted or running)
 
     # --- the target's sampling -----------------------------------------------------------
     def _pick(self, seq: Sequence, logits: torch.Tensor) -> int:
         """The target's token from one position's logits [V] (prefill's first token)."""
-        if seq.request.params.greedy:
+        params = seq.request.params
+        pen = self.rules.target_penalties(self._penalties([seq]))
+        if pen is not None:
+            logits = apply_penalties(logits[None, None], pen, pen.output_counts[:, None])[0, 0]
+        if params.greedy:
             return int(logits.argmax())
-        temperature, top_k, top_p = self.rules.target_side([seq.request.params])
-        probs = probs_from_logits(logits[None, None], temperature, top_k, top_p)[0]  # [1, V]
+        probs = probs_from_logits(logits[None, None],
+                                  *self.rules.target_side([params]))[0]  # [1, V]
         return int(sample_from(probs, torch.rand(1, generator=seq.generator)))
+
+    def _penalties(self, seqs: list[Sequence]) -> Penalties | None:
+        """The requests' logit bias and penalties for their committed tokens (None: none)."""
+        return Penalties.of([s.request.params for s in seqs], [s.tokens for s in seqs],
+                            [s.prompt_len for s in seqs], self.tokenizer.vocab_size)
 
     # --- prefill ---------------------------------------------------------------------------
     def _prefill(self, seq: Sequence) -> None:
+        """Compute the prompt into the slot's cache and emit the first token; or, for a
+        sequence back from preemption, recompute every token it has but the last (the next
+        round's first input) and emit nothing."""
         t0 = time.perf_counter()
         req = seq.request
-        self.cache.reset(seq.slot)
-        ids = torch.tensor([req.prompt_ids])
-        out = self.target(ids, self.cache, torch.tensor([seq.slot]),
-                          last_only=not req.prompt_logprobs, with_hidden=self.feeds_features)
+        resume = seq.resume
+        ids = tuple(seq.tokens[:-1]) if resume else req.prompt_ids
+        out, hidden = self._fill(seq, ids, req.prompt_logprobs and not resume)
+        seq.prefill_seconds += time.perf_counter() - t0
+        if resume:
+            seq.resume = False
+            self._admit_drafter(seq, ids, hidden)
+            return
         logits = (out[0] if self.feeds_features else out)[0]  # [T or 1, V]
         prompt_lps = None
         if req.prompt_logprobs:
@@ -183,22 +217,50 @@ class SpecEngine:
             prompt_lps = (None,) + tuple(
                 self._logprob(logprobs[i], req.prompt_ids[i + 1], req.logprobs or 0)
                 for i in range(len(req.prompt_ids) - 1))
-        seq.prefill_seconds = time.perf_counter() - t0
         if req.params.max_tokens == 0:
             seq.on_output(RequestOutput(req.request_id, (), "", prompt_logprobs=prompt_lps))
             self._finish(seq, "length")
             return
         first = self._pick(seq, logits[-1])
-        if self.speculating:
-            self.drafter.admit(seq.slot, list(req.prompt_ids))
-        else:  # no draft prefill; the drafter catches up if speculation comes back on
-            self.drafter.release(seq.slot)
-        if self.feeds_features:  # the prompt's hidden states [T, D], for an EAGLE head
-            self.drafter.add_features(seq.slot, out[1][0])
+        self._admit_drafter(seq, req.prompt_ids, hidden)
         lps = None
         if req.logprobs is not None:
             lps = (self._logprob(F.log_softmax(logits[-1].float(), -1), first, req.logprobs),)
         seq.on_output(self._emit(seq, [first], lps, prompt_lps)[1])
+
+    def _fill(self, seq: Sequence, ids: tuple[int, ...], prompt_logprobs: bool):
+        """Run the target over ``ids`` into the slot's (emptied) cache, restoring the longest
+        cached prefix first where the prefix cache holds one. Returns the model's output (the
+        last position's logits, or every position's for ``prompt_logprobs``) and the hidden
+        states of all of ``ids`` [T, D] (None unless an EAGLE drafter reads them)."""
+        req = seq.request
+        self.cache.reset(seq.slot)
+        cached = self.prefix is not None and not prompt_logprobs
+        blocks = self.prefix.match(req.cache_salt, ids) if cached else []
+        hit = len(blocks) * self.prefix.block if blocks else 0
+        if hit:
+            PrefixCache.restore(self.cache, seq.slot, blocks,
+                                self.rules.restored(hit, req.speculative, self.prefix.block))
+        if ids is req.prompt_ids:
+            seq.cached_tokens = hit
+        out = self.target(torch.tensor([ids[hit:]]), self.cache, torch.tensor([seq.slot]),
+                          last_only=not prompt_logprobs, with_hidden=self.feeds_features)
+        hidden = out[1][0] if self.feeds_features else None  # [T - hit, D]
+        if hit and hidden is not None:
+            hidden = torch.cat([PrefixCache.hidden(blocks), hidden])  # [T, D]
+        if cached:
+            self.prefix.store(req.cache_salt, ids, self.cache, seq.slot, hidden)
+        return out, hidden
+
+    def _admit_drafter(self, seq: Sequence, ids, hidden) -> None:
+        """The drafter takes the sequence on with ``ids`` computed (all its tokens but the
+        last); while speculation is off it skips that, and catches up when it comes back."""
+        if self.speculating:
+            self.drafter.admit(seq.slot, list(ids))
+        else:
+            self.drafter.release(seq.slot)
+        if self.feeds_features:  # the hidden states of ``ids`` [T, D], for an EAGLE head
+            self.drafter.add_features(seq.slot, hidden)
 
     # --- one round -------------------------------------------------------------------------
     def _round(self, seqs: list[Sequence]) -> None:
@@ -218,9 +280,9 @@ class SpecEngine:
             if not p.greedy:  # fixed draw count per round → reproducible from the seed
                 sampled_u[i] = torch.rand(2 * decision.k + 1, generator=seq.generator)
             if k > 0:
-                rows.append(DraftRow(seq.slot, seq.tokens, k, p.greedy, p.temperature,
-                                     p.top_k, p.top_p,
-                                     sampled_u[i][:decision.k] if i in sampled_u else None))
+                rows.append(DraftRow(seq.slot, seq.tokens, k, p,
+                                     sampled_u[i][:decision.k] if i in sampled_u else None,
+                                     seq.prompt_len))
                 row_of.append(i)
 
         t0 = time.perf_counter()
@@ -249,7 +311,8 @@ class SpecEngine:
 
         # bookkeeping: the tensors cross to Python once, not one element at a time per row
         n_prev = torch.tensor([len(s.tokens) for s in seqs])
-        self.cache.lengths[slots] = self.rules.committed(start, K, n_prev, n_acc)
+        self.cache.lengths[slots] = self.rules.committed(start, K, n_prev, n_acc,
+                                                         RoundContext(self.served, lens))
         accepted, proposed, bonus_tok = n_acc.tolist(), lens.tolist(), nxt.tolist()
         draft_ids = drafts.tolist()
         row_records, outputs = [], []
@@ -300,7 +363,10 @@ class SpecEngine:
         B, K = drafts.shape
         n_acc = torch.zeros(B, dtype=torch.long)
         nxt = torch.zeros(B, dtype=torch.long)
-        greedy = self.rules.greedy_rows([s.request.params for s in seqs])
+        pen = self.rules.target_penalties(self._penalties(seqs), lens)
+        if pen is not None:  # position j sees the committed tokens and drafts[:, :j]
+            logits = apply_penalties(logits, pen, position_counts(pen.output_counts, drafts))
+        greedy = self.rules.greedy_rows([s.request.params for s in seqs], lens)
         if bool(greedy.any()):
             g = greedy.nonzero().flatten()
             n_acc[g], nxt[g] = verify_greedy(drafts[g], lens[g], logits[g])
@@ -359,12 +425,7 @@ class SpecEngine:
         seq.last_token_at = now
         text = seq.decoder.delta(seq.tokens[seq.prompt_len:])
         if p.stop:
-            full = seq.text + text
-            hits = [full.find(s, max(0, len(seq.text) - len(s))) for s in p.stop]
-            hits = [h for h in hits if h >= 0]
-            if hits:
-                text = full[:min(hits)][len(seq.text):]
-                reason = "stop"
+            text, reason = _stop_strings(seq, text, p.stop, reason)
         seq.text += text
         out = RequestOutput(seq.request.request_id, tuple(kept), text, lps, prompt_lps,
                             finished=reason is not None, finish_reason=reason)
@@ -375,6 +436,8 @@ class SpecEngine:
         return len(kept), out
 
     def _release(self, seq: Sequence) -> None:
+        if not seq.finished:
+            self.served += 1
         self.scheduler.finish(seq)
         if seq.slot >= 0:
             self.cache.reset(seq.slot)
@@ -396,4 +459,25 @@ class SpecEngine:
             decode_time=(seq.last_token_at or first) - first, e2e=now - seq.arrival,
             drafts=seq.drafts, draft_tokens=seq.draft_tokens,
             accepted_tokens=seq.accepted_tokens, accepted_per_pos=tuple(seq.accepted_per_pos),
-            speculative=seq.request.speculative, steps=tuple(seq.steps))
+            speculative=seq.request.speculative, steps=tuple(seq.steps),
+            cached_tokens=seq.cached_tokens, preemptions=seq.preemptions)
+
+
+def _stop_strings(seq: Sequence, text: str, stops: tuple[str, ...],
+                  reason: str | None) -> tuple[str, str | None]:
+    """The text to emit now and the finish reason, with ``stops`` applied: output ends just
+    before the first stop string, and text that could still turn out to begin one is held
+    back (``seq.held``) until it does not — else a stop string split over two rounds would
+    leak its first characters (one token a round does that; a round of several tokens, not)."""
+    full = seq.held + text  # nothing emitted before this can begin a stop string
+    hits = [i for i in (full.find(stop) for stop in stops) if i >= 0]
+    if hits:
+        seq.held = ""
+        return full[:min(hits)], "stop"
+    if reason is not None:  # finished otherwise: what was held goes out
+        seq.held = ""
+        return full, reason
+    hold = max((k for stop in stops for k in range(1, min(len(stop), len(full) + 1))
+                if full.endswith(stop[:k])), default=0)
+    seq.held = full[len(full) - hold:] if hold else ""
+    return full[:len(full) - hold], None

@@ -36,6 +36,7 @@ class GenerationRequest:
     logprobs: int | None = None  # None: off; n >= 0: chosen token logprob + top-n
     prompt_logprobs: bool = False  # logprob of each prompt token given its prefix (echo)
     tag: str = ""  # opaque to the engine (the server's workload label); copied to records
+    cache_salt: str | None = None  # prefix-cache namespace: other salts never share blocks
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,8 @@ class RequestStats:
     accepted_per_pos: tuple[int, ...]
     speculative: bool
     steps: tuple[tuple[int, int], ...] = ()  # (drafted, accepted) of each round that drafted
+    cached_tokens: int = 0  # prompt tokens restored from the prefix cache
+    preemptions: int = 0  # times the request lost its KV to others and was recomputed
 
     @property
     def mean_accepted_length(self) -> float | None:

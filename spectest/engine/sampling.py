@@ -1,8 +1,11 @@
 """Sampling parameters and the pure logits → probabilities transform shared by draft and target.
 
-Owns: :class:`SamplingParams` and :func:`probs_from_logits`, which applies temperature, top-k and
-top-p per row. The speculative engine calls the *same* function with the *same* per-row
-parameters for the draft and for the target; that is what keeps rejection sampling exact.
+Owns: :class:`SamplingParams` and :func:`probs_from_logits`, which applies temperature, min-p,
+top-k and top-p per row (in vLLM's order). The speculative engine calls the *same* function with
+the *same* per-row parameters for the draft and for the target; that is what keeps rejection
+sampling exact. The parameters that depend on the tokens so far — ``logit_bias`` and the
+presence / frequency / repetition penalties — are applied to the logits before this, per
+position, by ``engine.penalties``.
 
 Does not know: models, caches or requests. Random draws are made by the caller from per-request
 generators (:func:`uniforms`) so a sampled run is reproducible from its seed alone, whatever
@@ -26,6 +29,12 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    min_p: float = 0.0  # in [0, 1]: drop tokens below min_p × the most likely one's probability
+    presence_penalty: float = 0.0  # subtracted once from every token already generated
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the generated tokens
+    repetition_penalty: float = 1.0  # > 0; divides (multiplies) the positive (negative) logits
+    # of every token in the prompt or the output; 1 = off
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
 
     def __post_init__(self):
         if self.max_tokens < 0:
@@ -36,6 +45,16 @@ class SamplingParams:
             raise ValueError("top_p must be in (0, 1]")
         if self.top_k < -1:
             raise ValueError("top_k must be -1, 0 or positive")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError("min_p must be in [0, 1]")
+        if not self.repetition_penalty > 0:
+            raise ValueError("repetition_penalty must be > 0")
+
+    @property
+    def penalized(self) -> bool:
+        """Does the row's distribution depend on its tokens so far (``engine.penalties``)?"""
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias
+                    or self.repetition_penalty != 1.0)
 
     @property
     def greedy(self) -> bool:
@@ -44,15 +63,21 @@ class SamplingParams:
 
 
 def probs_from_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                      top_p: torch.Tensor) -> torch.Tensor:
+                      top_p: torch.Tensor, min_p: torch.Tensor | None = None) -> torch.Tensor:
     """Per-row sampling distribution.
 
-    logits [B, T, V]; temperature [B] (> 0), top_k [B] (<= 0 = off), top_p [B] in (0, 1].
-    Returns probs [B, T, V] in float32 that sum to 1 over V. Truncation keeps every token whose
-    logit ties the k-th largest (so the result does not depend on sort order at ties) and the
-    smallest prefix of the sorted distribution whose mass reaches top_p.
+    logits [B, T, V]; temperature [B] (> 0), top_k [B] (<= 0 = off), top_p [B] in (0, 1],
+    min_p [B] in [0, 1] (None or 0 = off). Returns probs [B, T, V] in float32 that sum to 1
+    over V. vLLM's order: temperature, then min-p (tokens whose probability is below min_p ×
+    the largest are dropped), then top-k and top-p on what is left. Truncation keeps every
+    token whose logit ties the k-th largest (so the result does not depend on sort order at
+    ties) and the smallest prefix of the sorted distribution whose mass reaches top_p.
     """
     logits = logits.float() / temperature[:, None, None]  # [B, T, V]
+    if min_p is not None and bool((min_p > 0).any()):
+        probs = logits.softmax(-1)  # [B, T, V]
+        floor = probs.amax(-1, keepdim=True) * min_p[:, None, None]  # [B, T, 1]
+        logits = logits.masked_fill(probs < floor, float("-inf"))
     use_k = bool((top_k > 0).any())
     use_p = bool((top_p < 1).any())
     if use_k or use_p:

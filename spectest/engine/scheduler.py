@@ -2,7 +2,17 @@
 
 Owns: :class:`Sequence` (one request's mutable state while it runs), :class:`Scheduler` (a FIFO
 waiting queue bounded by ``max_waiting``, ``max_num_seqs`` slots, a KV-position budget covering
-the speculative slots, refusal of requests that can never fit, cancellation from any thread).
+the speculative slots, refusal of requests that can never fit, cancellation from any thread,
+and preemption).
+
+Two ways to keep within the budget. Without ``kv_budget_tokens`` every admitted sequence
+reserves what it may ever need (prompt + ``max_tokens`` + the speculative slots), so nothing is
+ever preempted. With it, the running sequences together may hold at most that many positions
+(each its tokens so far plus the speculative slots): a sequence is admitted on what it holds
+now, and when the running ones outgrow the budget the newest admitted goes back to the front of
+the queue — vLLM's recompute preemption — to be recomputed from its tokens when room comes
+back. (The engine's KV tensors are still allocated per slot: the budget emulates a smaller
+paged pool, which is what makes a server preempt.)
 
 Does not know: models, drafting or verification. Thread-safe: ``submit`` / ``cancel`` may be
 called from the server's thread while the engine thread calls ``schedule`` between rounds.
@@ -52,14 +62,18 @@ class Sequence:
     last_token_at: float = 0.0
     cancelled: bool = False
     finished: bool = False
+    preemptions: int = 0  # times it went back to the queue to be recomputed
+    resume: bool = False  # preempted: the next admission recomputes its tokens, samples none
     drafts: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
     steps: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) a round
-    text: str = ""
+    text: str = ""  # emitted so far
+    held: str = ""  # decoded but not emitted: it may begin a stop string
     decoder: object = None
     generator: torch.Generator | None = None
+    cached_tokens: int = 0  # prompt tokens restored from the prefix cache at admission
 
     @property
     def prompt_len(self) -> int:
@@ -123,11 +137,17 @@ class Scheduler:
             if not (self.waiting or self.running or self._cancel):
                 self.wakeup.wait(timeout)
 
-    def schedule(self) -> tuple[list[Sequence], list[Sequence]]:
-        """Between rounds: apply cancellations, then admit waiting requests FIFO.
+    def holds(self, seq: Sequence) -> int:
+        """Positions ``seq`` may hold during its next round (budgeted mode)."""
+        return len(seq.tokens) + self.config.spec_slots
 
-        Returns (newly admitted, cancelled) — the caller prefills the first and reports the
-        second; cancelled sequences have already given back their slot.
+    def schedule(self) -> tuple[list[Sequence], list[Sequence], list[Sequence]]:
+        """Between rounds: apply cancellations, preempt where the running sequences outgrew
+        the budget, else admit waiting requests FIFO.
+
+        Returns (newly admitted, cancelled, preempted) — the caller prefills (or, for a
+        resumed sequence, recomputes) the first, reports the second and drops the KV of the
+        third; cancelled and preempted sequences have already given back their slot.
         """
         with self.lock:
             cancelled = []
@@ -141,20 +161,42 @@ class Scheduler:
                         self._free(seq)
                         cancelled.append(seq)
                 self._cancel.clear()
-            admitted = []
-            while self.waiting and self.free_slots:
+            admitted, preempted = [], self._preempt() if self.config.kv_budget_tokens else []
+            while self.waiting and self.free_slots and not preempted:
                 seq = self.waiting[0]
-                if self.reserved + self.need(seq.request) > self.config.budget:
+                if self._used() + self._wants(seq) > self.config.budget:
                     break
                 self.waiting.popleft()
                 seq.slot = heapq.heappop(self.free_slots)
-                seq.admitted_at = time.perf_counter()
+                seq.admitted_at = seq.admitted_at or time.perf_counter()
                 self.reserved += self.need(seq.request)
                 self.running[seq.slot] = seq
                 admitted.append(seq)
             for seq in cancelled:
                 seq.cancelled = True
-        return admitted, cancelled
+        return admitted, cancelled, preempted
+
+    def _wants(self, seq: Sequence) -> int:
+        return self.holds(seq) if self.config.kv_budget_tokens else self.need(seq.request)
+
+    def _used(self) -> int:
+        if not self.config.kv_budget_tokens:
+            return self.reserved
+        return sum(self.holds(s) for s in self.running.values())
+
+    def _preempt(self) -> list[Sequence]:
+        """The newest running sequences, back to the front of the queue, until the rest fit
+        (at least one keeps running). Call with the lock held."""
+        out = []
+        while len(self.running) > 1 and self._used() > self.config.budget:
+            seq = max(self.running.values(), key=lambda s: (s.admitted_at, s.slot))
+            self._free(seq)
+            seq.finished, seq.resume = False, True
+            seq.preemptions += 1
+            out.append(seq)
+        for seq in out:  # the newest last: the oldest preempted runs first again
+            self.waiting.appendleft(seq)
+        return out
 
     def finish(self, seq: Sequence) -> None:
         with self.lock:

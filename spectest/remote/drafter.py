@@ -157,10 +157,18 @@ class RemoteDrafter:
             if seen is None:  # new to this session (a restart, or drafting resumed): all of it
                 ops.append({"op": "admit", "slot": r.slot, "tokens": list(r.tokens)})
                 seen = len(r.tokens)
-            body_rows.append({
-                "slot": r.slot, "append": r.tokens[seen:], "k": r.k, "greedy": r.greedy,
-                "temperature": r.temperature, "top_k": r.top_k, "top_p": r.top_p,
-                "uniforms": None if r.greedy or r.uniforms is None else r.uniforms.tolist()})
+            p = r.params
+            row = {"slot": r.slot, "append": r.tokens[seen:], "k": r.k, "greedy": r.greedy,
+                   "temperature": r.temperature, "top_k": p.top_k, "top_p": p.top_p,
+                   "uniforms": None if r.greedy or r.uniforms is None else r.uniforms.tolist()}
+            if p.min_p:
+                row["min_p"] = p.min_p
+            if p.penalized:
+                row.update(presence_penalty=p.presence_penalty,
+                           frequency_penalty=p.frequency_penalty,
+                           repetition_penalty=p.repetition_penalty,
+                           logit_bias=[list(x) for x in p.logit_bias], prompt_len=r.prompt_len)
+            body_rows.append(row)
         body = json.dumps({"ops": ops, "rows": body_rows,
                            "stop_threshold": stop.threshold if stop is not None else None},
                           separators=(",", ":")).encode()

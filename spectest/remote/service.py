@@ -144,8 +144,7 @@ class DraftService:
                 raise APIError(400, f"rows[slot {r.slot}]: a sampled row needs k={r.k} "
                                     "uniforms", "invalid_request", "uniforms")
             uniforms = torch.tensor(r.uniforms[:r.k], dtype=torch.float32)
-        return DraftRow(r.slot, tokens, r.k, r.greedy, r.temperature, r.top_k, r.top_p,
-                        uniforms)
+        return DraftRow(r.slot, tokens, r.k, r.params(), uniforms, r.prompt_len)
 
     def _check_slot(self, session: Session, slot: int) -> None:
         if slot >= session.n_slots:

@@ -29,6 +29,8 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from spectest.engine.sampling import SamplingParams
+
 PROTOCOL = "spectest-draft/1"
 MAX_K = 64
 MAX_POSITIONS = 1 << 22  # slots × positions one session may hold (a bound, not a target)
@@ -70,6 +72,22 @@ class RowIn(_Strict):
     top_k: Annotated[int, Field(ge=-1)]
     top_p: Annotated[float, Field(gt=0, le=1)]
     uniforms: list[Annotated[float, Field(ge=0, le=1)]] | None = None  # [k] for sampled rows
+    # the rest of the request's sampling (engine.penalties): the draft adjusts as the target
+    min_p: Annotated[float, Field(ge=0, le=1)] = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: Annotated[float, Field(gt=0)] = 1.0
+    logit_bias: list[tuple[Token, float]] = []
+    prompt_len: Annotated[int, Field(ge=0)] = 0
+
+    def params(self) -> SamplingParams:
+        """The row's sampling as the engine's record (max_tokens does not matter here)."""
+        return SamplingParams(temperature=0.0 if self.greedy else self.temperature,
+                              top_p=self.top_p, top_k=max(self.top_k, 0), min_p=self.min_p,
+                              presence_penalty=self.presence_penalty,
+                              frequency_penalty=self.frequency_penalty,
+                              repetition_penalty=self.repetition_penalty,
+                              logit_bias=tuple(self.logit_bias))
 
 
 class RoundIn(_Strict):

@@ -25,7 +25,7 @@ import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from aiohttp import web
@@ -44,7 +44,8 @@ from spectest.server.admin import Admin
 from spectest.server.openapi import openapi_document
 from spectest.server.relay import Outbox, Relay, Unsent
 from spectest.server.request_telemetry import Telemetry
-from spectest.server.schemas import ChatCompletionRequest, CompletionRequest
+from spectest.server.schemas import (ChatCompletionRequest, CompletionRequest,
+                                     DetokenizeRequest, TokenizeRequest)
 from spectest.telemetry import tracing as T
 from spectest.telemetry.metrics import ServingMetrics
 
@@ -99,6 +100,8 @@ class Server:
             web.get("/v1/models", self.models),
             web.post("/v1/completions", self.completions),
             web.post("/v1/chat/completions", self.chat_completions),
+            web.post("/tokenize", self.tokenize),
+            web.post("/detokenize", self.detokenize),
             web.get("/openapi.json", self.openapi),
             *self.admin.routes(),
         ])
@@ -154,6 +157,8 @@ class Server:
         return web.json_response({"object": "list", "data": [{
             "id": self.config.model_name, "object": "model", "created": self.created,
             "owned_by": "spectest", "max_model_len": self.engine.config.scheduler.max_model_len,
+            "max_num_seqs": self.engine.config.scheduler.max_num_seqs,
+            "kv_budget_tokens": self.engine.config.scheduler.budget,
             "drafter": self.engine.drafter.name}]})
 
     @cached_property
@@ -167,6 +172,27 @@ class Server:
         self._auth(request)
         return web.json_response(self.openapi_document)
 
+    async def tokenize(self, request):
+        """vLLM's ``POST /tokenize``: ``{"model", "prompt"}`` → ``{"tokens", "count"}``."""
+        body = await self._parse(request, TokenizeRequest)
+        ids = self.engine.tokenizer.encode(body.prompt)
+        return web.json_response({"tokens": ids, "count": len(ids),
+                                  "max_model_len": self.engine.config.scheduler.max_model_len})
+
+    async def detokenize(self, request):
+        """vLLM's ``POST /detokenize``: ``{"model", "tokens"}`` → ``{"prompt"}``."""
+        body = await self._parse(request, DetokenizeRequest)
+        self._check_ids(body.tokens, "tokens")
+        return web.json_response({"prompt": self.engine.tokenizer.decode(
+            list(body.tokens), skip_special_tokens=False)})
+
+    def _check_ids(self, ids, param: str) -> None:
+        vocab = self.engine.tokenizer.vocab_size
+        bad = [i for i in ids if not 0 <= i < vocab]
+        if bad:
+            raise APIError(400, f"{param}: token id {bad[0]} is outside the vocabulary "
+                           f"(0..{vocab - 1})", "invalid_token", param)
+
     # --- generation --------------------------------------------------------------------------
     async def completions(self, request):
         body = await self._parse(request, CompletionRequest)
@@ -175,10 +201,7 @@ class Server:
         if isinstance(prompt, str):
             ids = tok.encode(prompt)
         else:
-            bad = [i for i in prompt if not 0 <= i < tok.vocab_size]
-            if bad:
-                raise APIError(400, f"prompt: token id {bad[0]} is outside the vocabulary "
-                               f"(0..{tok.vocab_size - 1})", "invalid_token", "prompt")
+            self._check_ids(prompt, "prompt")
             ids = list(prompt)
         if not ids:
             raise APIError(400, "prompt: encodes to zero tokens", "invalid_request", "prompt")
@@ -253,16 +276,39 @@ class Server:
                            f"(+{sched.spec_slots} reserved for speculation)",
                            "context_length_exceeded", "max_tokens" if len(ids) < room
                            else "prompt")
+        params = body.sampling(max_tokens)
+        self._check_ids([t for t, _ in params.logit_bias], "logit_bias")
         tag = request.headers.get(WORKLOAD_HEADER, "none").strip().lower()
         speculative = True if body.speculative is None else body.speculative
         return GenerationRequest(
             request_id=f"{'chatcmpl' if isinstance(body, ChatCompletionRequest) else 'cmpl'}-"
                        f"{uuid.uuid4().hex}", prompt_ids=tuple(ids),
-            params=body.sampling(max_tokens), speculative=speculative, logprobs=logprobs,
+            params=params, speculative=speculative, logprobs=logprobs,
             prompt_logprobs=prompt_logprobs, tag=self.metrics.workload_of(tag) if tag != "none"
-            else "none")
+            else "none", cache_salt=body.cache_salt)
 
     async def _respond(self, request, body, gen: GenerationRequest, fmt, operation):
+        if body.n == 1:
+            return await self._serve(request, body, gen, fmt, operation, respond=True)
+        # n > 1 (never streamed): one engine request a choice, seeds seed, seed + 1, …
+        gens = [gen] + [replace(gen, request_id=f"{gen.request_id}-{i}", params=replace(
+            gen.params, seed=None if gen.params.seed is None else gen.params.seed + i))
+            for i in range(1, body.n)]
+        tasks = [asyncio.ensure_future(self._serve(request, body, g, fmt, operation))
+                 for g in gens]
+        try:
+            choices = await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        return web.json_response(fmt.full_choices(gen.request_id, choices))
+
+    async def _serve(self, request, body, gen: GenerationRequest, fmt, operation,
+                     respond: bool = False):
+        """Run one engine request: the HTTP response (``respond``, streamed or not), or the
+        list of its outputs (one choice of an n > 1 request)."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         telemetry = self.telemetry.start(request, body, gen, operation)
@@ -303,7 +349,7 @@ class Server:
             if out.error:
                 raise APIError(500 if out.finish_reason == "error" else 503, out.error,
                                "engine_error")
-            return web.json_response(fmt.full(gen.request_id, outputs))
+            return web.json_response(fmt.full(gen.request_id, outputs)) if respond else outputs
         finally:
             relay.close()
             self.direct_writes += relay.direct_writes

@@ -71,11 +71,30 @@ def spec_decode_metrics(stats: RequestStats | None, level: str) -> dict | None:
     return {"speculative_decoding": out}
 
 
-def usage(stats: RequestStats | None) -> dict | None:
+def usage(stats: RequestStats | None, *more: RequestStats | None) -> dict | None:
+    """OpenAI's usage of a request (``more``: its other choices, n > 1: their completion
+    tokens are added), with ``prompt_tokens_details.cached_tokens``, the prompt tokens the
+    prefix cache served (vLLM's ``--enable-prompt-tokens-details``)."""
     if stats is None:
         return None
-    return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.completion_tokens,
-            "total_tokens": stats.prompt_tokens + stats.completion_tokens}
+    completion = stats.completion_tokens + sum(m.completion_tokens for m in more if m)
+    return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": completion,
+            "total_tokens": stats.prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": stats.cached_tokens}}
+
+
+def summed_stats(stats: list[RequestStats | None]) -> RequestStats | None:
+    """One request's speculation over its n choices (the ``spec`` object of an n > 1 reply)."""
+    real = [s for s in stats if s is not None]
+    if not real:
+        return None
+    first = real[0]
+    return RequestStats(first.prompt_tokens, sum(s.completion_tokens for s in real),
+                        first.arrival_time, first.queue_time, first.prefill_time, first.ttft,
+                        max(s.decode_time for s in real), max(s.e2e for s in real),
+                        sum(s.drafts for s in real), sum(s.draft_tokens for s in real),
+                        sum(s.accepted_tokens for s in real), (), first.speculative,
+                        cached_tokens=first.cached_tokens)
 
 
 _SLOT = "\x00spectest-text\x00"  # stands for a chunk's text while its template is cut
@@ -129,6 +148,26 @@ class _Format:
     def metrics(self, stats: RequestStats | None) -> dict | None:
         return spec_decode_metrics(stats, self.spec_metrics)
 
+    def choice(self, outputs: list[RequestOutput], index: int = 0) -> dict:
+        raise NotImplementedError
+
+    def full(self, rid: str, outputs: list[RequestOutput]) -> dict:
+        """The non-streaming body of a request's outputs."""
+        last = outputs[-1]
+        return self.envelope(rid, self.object_full, [self.choice(outputs)],
+                             usage=usage(last.stats),
+                             spec=spec_object(last.stats, self.drafter_name),
+                             metrics=self.metrics(last.stats))
+
+    def full_choices(self, rid: str, choices: list[list[RequestOutput]]) -> dict:
+        """The body of an n > 1 request: one choice per run, usage and ``spec`` over all of
+        them (vLLM gives no per-request speculation metrics for n > 1: neither does this)."""
+        stats = [outputs[-1].stats for outputs in choices]
+        return self.envelope(rid, self.object_full,
+                             [self.choice(outputs, i) for i, outputs in enumerate(choices)],
+                             usage=usage(stats[0], *stats[1:]),
+                             spec=spec_object(summed_stats(stats), self.drafter_name))
+
     def final_chunks(self, rid: str, out: RequestOutput, include_usage: bool) -> list[dict]:
         spec = spec_object(out.stats, self.drafter_name)
         chunks = []
@@ -175,18 +214,15 @@ class CompletionFormat(_Format):
             parts.append(self._logprobs(out.logprobs, out.token_ids))
         return parts
 
-    def full(self, rid: str, outputs: list[RequestOutput]) -> dict:
-        last = outputs[-1]
+    def choice(self, outputs: list[RequestOutput], index: int = 0) -> dict:
+        self.offset = 0
         text = "".join(o.text for o in outputs)
         if self.body.echo:
             text = self.tok.decode(self.prompt_ids, skip_special_tokens=False) + text
         parts = [p for o in outputs for p in self._choice_logprobs(o)]
-        choice = {"index": 0, "text": text,
-                  "logprobs": self._merge(parts) if self.body.logprobs is not None else None,
-                  "finish_reason": last.finish_reason}
-        return self.envelope(rid, self.object_full, [choice], usage=usage(last.stats),
-                             spec=spec_object(last.stats, self.drafter_name),
-                             metrics=self.metrics(last.stats))
+        return {"index": index, "text": text,
+                "logprobs": self._merge(parts) if self.body.logprobs is not None else None,
+                "finish_reason": outputs[-1].finish_reason}
 
     def stream_start(self, rid: str) -> list[dict]:
         return []  # with echo, the prompt text goes out with the first engine output
@@ -234,17 +270,13 @@ class ChatFormat(_Format):
                                            for t, v in lp.top]})
         return items
 
-    def full(self, rid: str, outputs: list[RequestOutput]) -> dict:
-        last = outputs[-1]
+    def choice(self, outputs: list[RequestOutput], index: int = 0) -> dict:
         logprobs = None
         if self.body.logprobs:
             logprobs = {"content": [c for o in outputs for c in self._content(o)]}
-        choice = {"index": 0, "message": {"role": "assistant",
-                                          "content": "".join(o.text for o in outputs)},
-                  "logprobs": logprobs, "finish_reason": last.finish_reason}
-        return self.envelope(rid, self.object_full, [choice], usage=usage(last.stats),
-                             spec=spec_object(last.stats, self.drafter_name),
-                             metrics=self.metrics(last.stats))
+        return {"index": index, "message": {"role": "assistant",
+                                            "content": "".join(o.text for o in outputs)},
+                "logprobs": logprobs, "finish_reason": outputs[-1].finish_reason}
 
     def stream_start(self, rid: str) -> list[dict]:
         return [self.envelope(rid, self.object_chunk, [

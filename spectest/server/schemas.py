@@ -1,9 +1,10 @@
 """OpenAI request bodies as pydantic models (extra fields forbidden) — the HTTP edge.
 
 Owns: validation of ``/v1/completions`` and ``/v1/chat/completions`` bodies, including
-spectest's extensions (``speculative``, ``top_k``, ``ignore_eos``) and the conversion of a valid
-body to the engine's :class:`~spectest.engine.sampling.SamplingParams`; and of the admin
-endpoint's body (``POST /admin/speculation``: :class:`SpeculationUpdate`).
+spectest's and vLLM's extensions (``speculative``, ``top_k``, ``min_p``, ``repetition_penalty``,
+``ignore_eos``, ``cache_salt``) and the conversion of a valid body to the engine's
+:class:`~spectest.engine.sampling.SamplingParams`; and of the admin endpoint's body
+(``POST /admin/speculation``: :class:`SpeculationUpdate`).
 
 Every string a client sends is :data:`Text`: valid Unicode, i.e. encodable as UTF-8. JSON may
 spell lone surrogates (``"\\udcff"``) that Python's decoder turns into a ``str`` no tokenizer,
@@ -30,6 +31,8 @@ from spectest.engine.sampling import SamplingParams
 MAX_STOP = 8
 MAX_STOP_CHARS = 256
 GREEDY_BELOW = 1e-5
+MAX_N = 8  # choices a request may ask for (non-streaming)
+MAX_LOGIT_BIAS = 300  # entries of logit_bias (OpenAI's limit)
 
 
 def _encodable(value: Any) -> Any:
@@ -105,6 +108,12 @@ def _requires(field: str, when: dict, other: str, value) -> dict:
 STREAM_OPTIONS_NEED_STREAM = _requires("stream_options", {"type": "object"}, "stream", True)
 
 
+# OpenAI's logit_bias: token ids (as JSON object keys) → a bias in [-100, 100] added to the logit
+TokenKey = Annotated[str, Field(pattern=r"^[0-9]{1,9}$")]
+LogitBias = Annotated[dict[TokenKey, Annotated[float, Field(ge=-100, le=100)]],
+                      Field(max_length=MAX_LOGIT_BIAS)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=False)
 
@@ -122,21 +131,30 @@ class _Sampling(_Strict):
     top_k: int = Field(default=-1, ge=-1, le=2**63 - 1)  # int64 in the engine; >= vocab: off
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
     stop: Stop | None = None
-    n: int = Field(default=1, ge=1, le=1)
+    n: int = Field(default=1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float = Field(default=0.0, ge=0.0, le=0.0)
-    frequency_penalty: float = Field(default=0.0, ge=0.0, le=0.0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    logit_bias: LogitBias | None = None
     user: Annotated[Text, Field(max_length=256)] | None = None
     speculative: bool | None = None  # spectest extension: per-request A/B switch
     ignore_eos: bool = False  # vLLM extension (fixed-length benchmarks)
     return_tokens_as_token_ids: bool = False  # vLLM extension: logprob tokens as "token_id:N"
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)  # vLLM extension
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)  # vLLM extension
+    cache_salt: Annotated[Text, Field(min_length=1, max_length=256)] | None = None  # vLLM's
 
     @model_validator(mode="after")
     def _check_stream_options(self):
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
+        if self.n > 1 and self.stream:
+            raise ValueError("n > 1 is served without streaming only")
         return self
+
+    def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        return tuple((int(k), float(v)) for k, v in (self.logit_bias or {}).items())
 
     def stop_list(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -153,7 +171,11 @@ class _Sampling(_Strict):
         return SamplingParams(max_tokens=max_tokens, temperature=temperature,
                               top_p=self.top_p, top_k=max(self.top_k, 0), seed=self.seed,
                               stop=self.stop_list(), stop_token_ids=stop_token_ids,
-                              ignore_eos=self.ignore_eos)
+                              ignore_eos=self.ignore_eos, min_p=self.min_p,
+                              presence_penalty=self.presence_penalty,
+                              frequency_penalty=self.frequency_penalty,
+                              repetition_penalty=self.repetition_penalty,
+                              logit_bias=self.logit_bias_pairs())
 
 
 class CompletionRequest(_Sampling):
@@ -219,6 +241,19 @@ class ChatCompletionRequest(_Sampling):
     def chat_messages(self) -> list[dict]:
         return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
                 for m in self.messages]
+
+
+class TokenizeRequest(_Strict):
+    """vLLM's ``POST /tokenize`` body (completions form)."""
+    model: Text
+    prompt: Text
+    add_special_tokens: bool = True
+
+
+class DetokenizeRequest(_Strict):
+    """vLLM's ``POST /detokenize`` body."""
+    model: Text
+    tokens: list[int] = Field(max_length=1 << 20)
 
 
 def _optional_fields(schema: dict) -> None:

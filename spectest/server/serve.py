@@ -27,7 +27,7 @@ from spectest.engine.api import (COMPANION_DRAFTS, DRAFTERS, build_engine, defau
                                  resolve_model_path)
 from spectest.engine.control import PolicyOptions
 from spectest.engine.drafters import NGRAM_MAX, NGRAM_MIN
-from spectest.engine.faults import FAULTS
+from spectest.engine.faults import DEFAULT_FAULT_AFTER, FAULTS
 from spectest.engine.int8 import QUANTIZE_CHOICES
 from spectest.engine.policies import POLICIES, make_policy
 from spectest.loops import loop_name, run_loop, until_signalled
@@ -83,6 +83,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=None,
                    help="KV positions per sequence, prompt + output (default: the context the "
                         "model was trained for; the embedded pair: 4096)")
+    p.add_argument("--prefix-cache-mb", type=float, default=256.0,
+                   help="memory for prompt KV reused by later prompts that share a prefix "
+                        "(blocks of 16 tokens, keyed by the request's cache_salt; 0: off; "
+                        "default 256)")
+    p.add_argument("--kv-budget-tokens", type=int, default=None,
+                   help="KV positions the running requests may hold together: requests are "
+                        "admitted on what they hold and the newest is preempted (recomputed "
+                        "later) when they outgrow it, as vLLM does with a full KV cache "
+                        "(default: each request reserves its worst case and none is "
+                        "preempted)")
     p.add_argument("--max-waiting", type=int, default=64,
                    help="queue bound; beyond it requests get 429 with Retry-After")
     p.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY")
@@ -105,6 +115,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--inject-fault", action="append", default=[], choices=sorted(FAULTS),
                    help=argparse.SUPPRESS)
     p.add_argument("--i-understand-faults-break-correctness", action="store_true",
+                   help=argparse.SUPPRESS)
+    p.add_argument("--fault-after", type=int, default=DEFAULT_FAULT_AFTER,
                    help=argparse.SUPPRESS)
 
 
@@ -150,7 +162,8 @@ def build_server(args) -> Server:
                           max_waiting=args.max_waiting, faults=frozenset(args.inject_fault),
                           ngram_max=args.ngram_max, ngram_min=args.ngram_min,
                           k_reserve=k_limit, policy_options=runtime, drafter_instance=remote,
-                          quantize=args.quantize)
+                          quantize=args.quantize, prefix_cache_mb=args.prefix_cache_mb,
+                          kv_budget_tokens=args.kv_budget_tokens, fault_after=args.fault_after)
     if remote is not None:  # refuses a draft server whose tokenizer differs from the target's
         info = remote.connect(engine.tokenizer.fingerprint)
         if info.quantization != engine.target.quantization:

@@ -126,7 +126,8 @@ class ServingMetrics:
         for code in ("400", "401", "404", "429", "500", "503"):
             self._m(N.REQUEST_ERRORS).labels(**self._engine_labels, code=code)
         self._m(N.SPEC_ROUNDS).labels(**self._engine_labels)
-        self._m(N.PREEMPTIONS).labels(**self._engine_labels)
+        for spec in (N.PREEMPTIONS, N.PREFIX_CACHE_QUERIES, N.PREFIX_CACHE_HITS):
+            self._m(spec).labels(**self._engine_labels)
 
     def _m(self, spec: N.MetricSpec):
         return self.c[spec.name]
@@ -223,6 +224,10 @@ class ServingMetrics:
     def observe_request(self, workload: str, stats, finish_reason: str) -> None:
         labels = self.request_labels(workload)
         self._m(N.PROMPT_TOKENS).labels(**labels).inc(stats.prompt_tokens)
+        self._m(N.PREFIX_CACHE_QUERIES).labels(**self._engine_labels).inc(stats.prompt_tokens)
+        self._m(N.PREFIX_CACHE_HITS).labels(**self._engine_labels).inc(stats.cached_tokens)
+        if stats.preemptions:
+            self._m(N.PREEMPTIONS).labels(**self._engine_labels).inc(stats.preemptions)
         self._m(N.GENERATION_TOKENS).labels(**labels).inc(stats.completion_tokens)
         self._m(N.E2E).labels(**labels).observe(stats.e2e)
         self._m(N.QUEUE).labels(**labels).observe(stats.queue_time)

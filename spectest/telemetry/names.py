@@ -142,6 +142,12 @@ KV_USAGE = _m("kv_cache_usage_perc", "gauge", "KV cache usage, 0 to 1 (target mo
 PROMPT_TOKENS = _m("prompt_tokens", "counter", "Prefill tokens processed.")
 GENERATION_TOKENS = _m("generation_tokens", "counter", "Generated tokens.")
 PREEMPTIONS = _m("num_preemptions", "counter", "Preempted requests.", labels=ENGINE_LABELS)
+PREFIX_CACHE_QUERIES = _m("prefix_cache_queries", "counter",
+                          "Prompt tokens of finished requests, each looked up in the prefix "
+                          "cache.", labels=ENGINE_LABELS)
+PREFIX_CACHE_HITS = _m("prefix_cache_hits", "counter",
+                       "Prompt tokens restored from the prefix cache instead of computed.",
+                       labels=ENGINE_LABELS)
 REQUEST_SUCCESS = _m("request_success", "counter", "Finished requests by finished reason.",
                      labels=REQUEST_LABELS + ("finished_reason",))
 REQUEST_ERRORS = _m("request_errors", "counter",
@@ -153,7 +159,8 @@ ALL: tuple[MetricSpec, ...] = (
     SPEC_ACCEPTED_LENGTH, SPEC_REQUEST_ACCEPTANCE, SPEC_REQUESTS, SPEC_K, SPEC_DRAFT_TIME, SPEC_VERIFY_TIME, SPEC_ROUNDS,
     SPEC_NETWORK_TIME, SPEC_DRAFT_ERRORS, SPECULATION_ENABLED, SPECULATION_K,
     SPECULATION_SWITCHES, TTFT, ITL, TPOT, E2E, QUEUE, PREFILL, DECODE, RUNNING, WAITING,
-    KV_USAGE, PROMPT_TOKENS, GENERATION_TOKENS, PREEMPTIONS, REQUEST_SUCCESS, REQUEST_ERRORS,
+    KV_USAGE, PROMPT_TOKENS, GENERATION_TOKENS, PREEMPTIONS, PREFIX_CACHE_QUERIES,
+    PREFIX_CACHE_HITS, REQUEST_SUCCESS, REQUEST_ERRORS,
 )
 BY_NAME = {m.name: m for m in ALL}
 

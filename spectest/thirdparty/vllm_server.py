@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlparse
 
 from spectest import procs
 from spectest.thirdparty import ThirdPartyError, cache_root, launch
@@ -211,6 +213,16 @@ class VllmServer:
     @property
     def started_s(self) -> float:
         return self.child.started_s if self.child else 0.0
+
+    def restart_command(self) -> str:
+        """A shell command that starts this server again as it was — same port, environment
+        and core — for ``spectest audit --candidate-restart`` to run when it dies."""
+        keep = ("VLLM_", "TORCHINDUCTOR_", "HF_HUB_", "TMPDIR", "PYTHONUNBUFFERED")
+        env = {k: v for k, v in self.spec.env(self.run_dir).items() if k.startswith(keep)}
+        argv = self.spec.argv(require_vllm_python(), urlparse(self.url).port)
+        pin = ["taskset", "-c", str(self.spec.cpu)] if self.spec.cpu is not None else []
+        return "exec env " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + \
+            " " + shlex.join(pin + argv)
 
     def alive(self) -> bool:
         return self.child is not None and self.child.running

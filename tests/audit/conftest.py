@@ -38,9 +38,9 @@ def models() -> Path:
 
 
 def server(models: Path, drafter: str = "draft-model", faults: tuple[str, ...] = (),
-           target: str = "target") -> ServerProcess:
+           target: str = "target", extra: tuple[str, ...] = ()) -> ServerProcess:
     return ServerProcess(ServerSpec(str(models / target), str(models / "draft"), drafter, 4, 1,
-                                    fault_args(faults)))
+                                    fault_args(faults) + extra))
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ the human summary, partial results on interruption, atomic writes, settings prec
 from __future__ import annotations
 
 import json
+import os
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -107,7 +108,7 @@ def test_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatc
     def boom(*a, **k):
         raise OSError("disk full")
 
-    monkeypatch.setattr(gate.os, "replace", boom)
+    monkeypatch.setattr(os, "replace", boom)  # the one spectest.files' writer renames with
     with pytest.raises(OSError):
         gate.write_atomic(target, b"new")
     assert target.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == [

@@ -64,6 +64,30 @@ def test_speculative_llama_server_passes_every_check_on_its_routes(llama_pair, t
     assert "noise floor" in summary and "route:" in summary
 
 
+FULL = ["--profile", "full", "--load-prompts", "3", "--load-concurrency", "2",
+        "--prefix-prompts", "3", "--prefix-tokens", "200", "--long-tokens", "280",
+        "--long-prompts", "1", "--long-prompt-tokens", "400", "--turns", "2",
+        "--params-prompts", "2", "--params-samples", "3", "--params-tokens", "12",
+        "--preemption-requests", "2", "--preemption-tokens", "16"]
+
+
+def test_speculative_llama_server_passes_every_condition_of_the_full_profile(llama_pair,
+                                                                             tmp_path):
+    """Nothing fails; what llama.cpp has no means for is said, not passed: it exposes no
+    preemption counter, and prompt logprobs need echo."""
+    spec_url, base_url = llama_pair
+    proc, report = audit(tmp_path, spec_url, base_url, *FULL)
+    assert proc.returncode == 0, (tmp_path / "summary.md").read_text()
+    statuses = {c["name"]: c["status"] for c in report["conditions"]}
+    assert statuses["preemption"] in ("not run", "not reached")
+    assert "preemption counter" in next(c["reason"] for c in report["conditions"]
+                                        if c["name"] == "preemption")
+    assert all(statuses[c] == "pass" for c in ("load", "prefix-reuse", "long", "params"))
+    params = next(c for c in report["conditions"] if c["name"] == "params")
+    assert any(c["check"] == "prompt logprobs" and c["status"] == "not run"
+               for c in params["checks"])
+
+
 def test_synthetic_acceptance_mode_is_caught(llama_pair, smollm2_gguf, tmp_path):
     """--spec-synth-rates accepts drafts with fixed per-position odds whatever the target says:
     llama.cpp itself declares the output invalid. The audit must not pass it."""

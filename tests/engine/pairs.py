@@ -8,9 +8,11 @@ engine path need only thousands of requests.
 from __future__ import annotations
 
 import os
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import torch
+from scipy import stats
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, pre_tokenizers
 
@@ -70,10 +72,12 @@ def random_eagle(target, seed: int = 0, scale: float = 0.05, head_ids=None, int8
 
 
 def make_engine(target, tokenizer, drafter="draft-model", draft=None, policy=None,
-                max_num_seqs=8, max_model_len=512, faults=frozenset(), max_waiting=10_000):
+                max_num_seqs=8, max_model_len=512, faults=frozenset(), max_waiting=10_000,
+                prefix_cache_tokens=0, fault_after=1500):
     config = EngineConfig(SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                           max_waiting=max_waiting, spec_slots=9),
-                          faults=frozenset(faults))
+                          faults=frozenset(faults), prefix_cache_tokens=prefix_cache_tokens,
+                          fault_after=fault_after)
     if not isinstance(drafter, str):  # a drafter built by the caller
         d = drafter
     elif drafter == "draft-model":
@@ -86,3 +90,33 @@ def make_engine(target, tokenizer, drafter="draft-model", draft=None, policy=Non
     else:
         d = NoDrafter()
     return SpecEngine(target, tokenizer, d, policy or FixedK(4), config)
+
+
+def pooled_pvalue(dist_of, sequences, position: int, vocab: int) -> float:
+    """G-test of the token at ``position`` given the tokens before it, pooled over prefixes
+    (sum of per-prefix G statistics, χ² with the summed degrees of freedom). ``dist_of(prefix)``
+    is the exact distribution [V] (float64) the token should follow after ``prefix``."""
+    groups: dict[tuple, Counter] = defaultdict(Counter)
+    for seq in sequences:
+        groups[tuple(seq[:position])][seq[position]] += 1
+    g_total, df_total = 0.0, 0
+    for prefix, counts in groups.items():
+        n = sum(counts.values())
+        if n < 20:
+            continue
+        probs = dist_of(prefix)
+        observed = torch.tensor([counts[t] for t in range(vocab)], dtype=torch.float64)
+        if bool(((probs == 0) & (observed > 0)).any()):
+            return 0.0  # a token the target can never emit here
+        keep = probs * n >= 5
+        obs = torch.cat([observed[keep], observed[~keep].sum(0, keepdim=True)])
+        exp = torch.cat([probs[keep] * n, (probs[~keep] * n).sum(0, keepdim=True)])
+        if exp[-1] == 0:
+            obs, exp = obs[:-1], exp[:-1]
+        if len(exp) < 2:
+            continue
+        exp = exp * obs.sum() / exp.sum()
+        g, _ = stats.power_divergence(obs.numpy(), exp.numpy(), lambda_="log-likelihood")
+        g_total += float(g)
+        df_total += len(exp) - 1
+    return float(stats.chi2.sf(g_total, df_total))

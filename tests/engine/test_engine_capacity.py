@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -10,7 +12,7 @@ from spectest.engine.requests import CapacityError, GenerationRequest, QueueFull
 from spectest.engine.sampling import SamplingParams
 from spectest.engine.scheduler import Scheduler, SchedulerConfig
 
-from pairs import make_engine, tiny_model, tiny_tokenizer
+from pairs import load_embedded, make_engine, tiny_model, tiny_tokenizer
 
 V = 16
 
@@ -124,3 +126,33 @@ def test_the_scheduler_packs_slots_low():
     late = sched.submit(GenerationRequest("late", (1, 2)), lambda out: None)
     sched.schedule()
     assert late.slot == 0
+
+
+def test_a_kv_budget_preempts_the_newest_and_recomputes_it_exactly():
+    """Four long greedy requests in a budget that holds about two of them: the newest go back
+    to the queue (counted), are recomputed from their tokens when room comes back, and every
+    output equals the one an unbudgeted engine gives."""
+    torch.set_num_threads(1)
+    target, draft = load_embedded()
+    tok = target.tokenizer
+    prompts = [f"def function_{i}(x):\n    return x" for i in range(4)]
+
+    def run(budget):
+        engine = make_engine(target.model, tok, "draft-model", draft.model, FixedK(4))
+        if budget:
+            engine.scheduler.config = replace(engine.scheduler.config, kv_budget_tokens=budget)
+        out, stats = {}, {}
+        for i, p in enumerate(prompts):
+            engine.submit(GenerationRequest(f"r{i}", tuple(tok.encode(p)),
+                                            SamplingParams(max_tokens=90, ignore_eos=True)),
+                          lambda o: (out.setdefault(o.request_id, []).extend(o.token_ids),
+                                     o.finished and stats.setdefault(o.request_id, o.stats)))
+        engine.run_until_idle()
+        return [out[f"r{i}"] for i in range(4)], [stats[f"r{i}"] for i in range(4)]
+
+    plain, plain_stats = run(None)
+    budgeted, stats = run(250)
+    assert budgeted == plain
+    assert sum(s.preemptions for s in stats) >= 1
+    assert all(s.preemptions == 0 for s in plain_stats)
+    assert all(len(o) == 90 for o in budgeted)

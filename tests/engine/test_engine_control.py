@@ -20,6 +20,7 @@ from spectest.engine.control import (PolicyOptions, SettingError, SpeculationCon
                                      SpeculationSettings, control_for)
 from spectest.engine.drafters import DraftModelDrafter, DraftRow
 from spectest.engine.policies import AdaptiveK, DisableAbove, FixedK
+from spectest.engine.sampling import SamplingParams
 
 from pairs import make_engine
 from test_engine_greedy import _compare, _requests
@@ -121,8 +122,7 @@ def test_catch_up_equals_a_fresh_prefill_and_does_not_overflow(pair):
     lagging.admit(1, long_row)
     fresh = DraftModelDrafter(draft.model, 2, max_len)
     fresh.admit(0, tokens)
-    rows = [DraftRow(0, tokens, 4, True, 1.0, 0, 1.0),
-            DraftRow(1, long_row, 4, True, 1.0, 0, 1.0)]
+    rows = [DraftRow(0, tokens, 4, SamplingParams()), DraftRow(1, long_row, 4, SamplingParams())]
     got = lagging.propose(rows)
     want = fresh.propose(rows[:1])
     assert got.tokens[0].tolist() == want.tokens[0].tolist()

@@ -11,17 +11,16 @@ false-positive rate as a procedure is 1e-3 per check. Each injected fault must f
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 
 import pytest
 import torch
-from scipy import stats
 
 from spectest.engine.policies import FixedK
 from spectest.engine.requests import GenerationRequest
 from spectest.engine.sampling import SamplingParams, probs_from_logits
 
-from pairs import make_engine, random_eagle, tiny_model, tiny_tokenizer
+from pairs import pooled_pvalue, make_engine, random_eagle, tiny_model, tiny_tokenizer
 
 V, N, ALPHA = 8, 2500, 1e-3
 PROMPT = (1, 2, 3)
@@ -56,32 +55,8 @@ def _target_dist(target, prefix):
                              torch.tensor([TOP_P]))[0, 0].double()
 
 
-def _pooled_pvalue(target, sequences, position):
-    """G-test of the token at ``position`` given the tokens before it, pooled over prefixes."""
-    groups: dict[tuple, Counter] = defaultdict(Counter)
-    for seq in sequences:
-        groups[tuple(seq[:position])][seq[position]] += 1
-    g_total, df_total = 0.0, 0
-    for prefix, counts in groups.items():
-        n = sum(counts.values())
-        if n < 20:
-            continue
-        probs = _target_dist(target, prefix)
-        observed = torch.tensor([counts[t] for t in range(V)], dtype=torch.float64)
-        if bool(((probs == 0) & (observed > 0)).any()):
-            return 0.0  # a token the target can never emit here
-        keep = probs * n >= 5
-        obs = torch.cat([observed[keep], observed[~keep].sum(0, keepdim=True)])
-        exp = torch.cat([probs[keep] * n, (probs[~keep] * n).sum(0, keepdim=True)])
-        if exp[-1] == 0:
-            obs, exp = obs[:-1], exp[:-1]
-        if len(exp) < 2:
-            continue
-        exp = exp * obs.sum() / exp.sum()
-        g, _ = stats.power_divergence(obs.numpy(), exp.numpy(), lambda_="log-likelihood")
-        g_total += float(g)
-        df_total += len(exp) - 1
-    return float(stats.chi2.sf(g_total, df_total))
+def _pooled_pvalue(target, sequences, position) -> float:
+    return pooled_pvalue(lambda prefix: _target_dist(target, prefix), sequences, position, V)
 
 
 def test_speculative_sampling_matches_target(models):
@@ -116,8 +91,8 @@ def test_a_draft_head_cut_to_some_tokens_keeps_sampling_exact(models):
     cut = restrict_head(copy.deepcopy(draft), (0, 2, 3, 5))
     drafter = DraftModelDrafter(cut, n_slots=1, max_len=16)
     drafter.admit(0, list(PROMPT))
-    proposal = drafter.propose([DraftRow(0, list(PROMPT), 3, False, TEMPERATURE, 0, TOP_P,
-                                         torch.rand(3))])
+    params = SamplingParams(temperature=TEMPERATURE, top_p=TOP_P)
+    proposal = drafter.propose([DraftRow(0, list(PROMPT), 3, params, torch.rand(3))])
     assert set(proposal.tokens[0].tolist()) <= {0, 2, 3, 5}
     assert proposal.probs.shape == (1, 3, V)
     assert float(proposal.probs[0][:, [1, 4, 6, 7]].abs().sum()) == 0.0

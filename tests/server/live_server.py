@@ -65,11 +65,12 @@ def load_pair(root: Path | None = None) -> ModelPair:
 
 def make_engine(pair: ModelPair, *, drafter: str = "draft-model", k: int = 4,
                 max_num_seqs: int = 4, max_model_len: int = 256,
-                max_waiting: int = 64) -> SpecEngine:
+                max_waiting: int = 64, prefix_cache_tokens: int = 0) -> SpecEngine:
     """A fresh engine (own caches and scheduler) over the already-loaded weights."""
     policy = make_policy("fixed", k=k)
     config = EngineConfig(SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-                                          max_waiting=max_waiting, spec_slots=k + 1))
+                                          max_waiting=max_waiting, spec_slots=k + 1),
+                          prefix_cache_tokens=prefix_cache_tokens)
     return SpecEngine(pair.target.model, pair.target.tokenizer,
                       make_drafter(drafter, pair.draft, max_num_seqs, max_model_len),
                       policy, config, model_name=pair.target.name)
