@@ -36,7 +36,7 @@ def test_vllm_takes_the_advised_schedule_and_the_sweep_verifies_it(vllm, tmp_pat
     draft = SPECS["draft-model"]
     config = json.dumps(draft.speculative_config())
     first = tmp_path / "advise"
-    proc = sweep("--host", vllm.draft, "--baseline-host", vllm.plain, "--max-step-time", "15",
+    proc = sweep("--host", vllm.draft, "--baseline-host", vllm.plain, "--max-step-time", "10",
                  "--speculative-config", config, "--out", str(first))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     plan = next(s for s in json.loads((first / "schedule.json").read_text())["schedules"]
