@@ -113,9 +113,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "first), so the report knows the K it runs at each batch size")
     g.add_argument("--verify-advice", "--validate-k", dest="verify_advice",
                    choices=("auto", "on", "off"), default="auto",
-                   help="--embedded: after the sweep, restart the bundled server with the "
-                        "advised schedule (--k K --disable-above B) and run it as a third arm "
-                        "at every step of --verify-workloads (auto: with --embedded)")
+                   help="--embedded: after the sweep, start a second bundled server with the "
+                        "advised schedule (--k K --disable-above B) and run it at every step of "
+                        "--verify-workloads beside fresh always-on and off arms (auto: with "
+                        "--embedded; an advice that is always-on or off needs no run)")
     g.add_argument("--verify-workloads", default="",
                    help="workloads the advice is verified on (default: the first; with --mix "
                         "the mix's schedule is the one run)")
