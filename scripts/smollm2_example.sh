@@ -16,6 +16,6 @@ DRAFTER=${2:-draft-model}
 . .venv/bin/activate
 rm -rf "$OUT/sweep" "$OUT/audit"
 spectest sweep --embedded --model smollm2 --drafter "$DRAFTER" --steps 1,2,4 --step-time 30 \
-  --warmup 6 --validate-k off --out "$OUT/sweep"
+  --warmup 6 --verify-advice off --out "$OUT/sweep"
 spectest audit --candidate embedded --baseline embedded --embedded-model smollm2 \
   --embedded-drafter "$DRAFTER" --out "$OUT/audit"
