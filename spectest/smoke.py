@@ -61,7 +61,7 @@ def sweep_args(args) -> None:
     args.step_time, args.warmup = min(args.step_time, STEP_S), 0.0
     args.requests_per_step = SWEEP_REQUESTS
     args.max_tokens = min(args.max_tokens or SWEEP_TOKENS, SWEEP_TOKENS)
-    args.validate_k = "off"
+    args.verify_advice = "off"
     note("spectest sweep", f"workload {args.workloads} and concurrency {first} only, "
                            f"{STEP_S:g} s per step, no warm-up, {args.max_tokens} tokens per "
                            f"request")
