@@ -9,7 +9,8 @@ OUT=${1:-runs/demo}
 scripts/setup.sh
 . .venv/bin/activate
 echo "== 1/2 load sweep on the bundled engine (server started and stopped by spectest) =="
-spectest sweep --embedded --out "$OUT/sweep"
+# up to two looks of 10 s per step and arm until the step's verdicts are settled
+spectest sweep --embedded --max-step-time 20 --out "$OUT/sweep"
 echo "== 2/2 audit: speculative vs target-only output =="
 status=0
 spectest audit --candidate embedded --baseline embedded --out "$OUT/audit" || status=$?

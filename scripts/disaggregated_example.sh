@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 OUT=${1:-docs/disaggregated-example}
 . .venv/bin/activate
 rm -rf "$OUT/colocated" "$OUT/disaggregated" "$OUT/compare"
-common=(--workloads chat,code --steps 1,2,4 --validate-k off)
+common=(--workloads chat,code --steps 1,2,4 --verify-advice off)
 spectest sweep --embedded "${common[@]}" --out "$OUT/colocated"
 spectest sweep --embedded --disaggregated "${common[@]}" --out "$OUT/disaggregated"
 spectest compare "$OUT/colocated" "$OUT/disaggregated" --out "$OUT/compare"

@@ -10,6 +10,10 @@ them, exactly as a user would type them:
 * ``spectest audit --candidate <speculative> --baseline <plain>`` for each.
 
     python scripts/llamacpp_example.py --out docs/llamacpp-example [--quick]
+    SPECTEST_SMOKE=1 python scripts/llamacpp_example.py --quick --kinds draft --out /tmp/x
+
+``--quick`` shortens the steps and the audits; with ``SPECTEST_SMOKE=1`` (spectest.smoke) the
+sweeps and audits shrink to token sizes: the short mode the docs' tests run.
 
 Each server gets one thread and 2 slots (``-np 2``), the sizes a 2-core machine can hold two
 of. It prints the commands it runs; the folders it writes are what the docs commit.

@@ -7,6 +7,8 @@
 # target-only.
 # Usage:
 #   scripts/smollm2_example.sh [OUT_DIR] [DRAFTER]      (about 27 minutes on 2 CPU cores)
+#   SPECTEST_SMOKE=1 scripts/smollm2_example.sh /tmp/x ngram+eagle   # short mode: token sizes
+#                                                (spectest.smoke; what the docs' tests run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-docs/smollm2-example}
@@ -14,6 +16,6 @@ DRAFTER=${2:-draft-model}
 . .venv/bin/activate
 rm -rf "$OUT/sweep" "$OUT/audit"
 spectest sweep --embedded --model smollm2 --drafter "$DRAFTER" --steps 1,2,4 --step-time 30 \
-  --warmup 6 --validate-k off --out "$OUT/sweep"
+  --warmup 6 --verify-advice off --out "$OUT/sweep"
 spectest audit --candidate embedded --baseline embedded --embedded-model smollm2 \
   --embedded-drafter "$DRAFTER" --out "$OUT/audit"

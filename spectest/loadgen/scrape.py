@@ -39,6 +39,8 @@ _FIELDS = {N.SPEC_NUM_DRAFTS: "drafts", N.SPEC_NUM_DRAFT_TOKENS: "draft_tokens",
 _COUNTER_SAMPLES = {f.sample(spec): (f.key, field) for f in FLAVOURS
                     for spec, field in _FIELDS.items() if f.sample(spec)}
 _GAUGES = {f.accept_length_gauge: f.key for f in FLAVOURS if f.accept_length_gauge}
+# the running-requests gauge (the batch the server is running) of every flavour that has one
+_RUNNING = {f.sample(N.RUNNING): f.key for f in FLAVOURS if f.sample(N.RUNNING)}
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,7 @@ class Snapshot:
     source: str  # a flavour key (spectest | vllm | sglang | llamacpp) or "none"
     counters: dict[str, SpecCounters]  # by workload label, plus "all"
     accept_length_gauge: float | None = None
+    running: float | None = None  # requests the server is running now (its gauge, summed)
 
 
 @dataclass(frozen=True)
@@ -93,8 +96,13 @@ def parse_metrics(text: str, taken_at: float | None = None) -> Snapshot:
     taken_at = time.time() if taken_at is None else taken_at
     found: dict[str, dict[str, dict]] = defaultdict(lambda: defaultdict(dict))
     gauges: dict[str, list[float]] = defaultdict(list)
+    running: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
+            if sample.name in _RUNNING:
+                key = _RUNNING[sample.name]
+                running[key] = running.get(key, 0.0) + sample.value
+                continue
             if sample.name in _GAUGES:
                 gauges[_GAUGES[sample.name]].append(sample.value)
                 continue
@@ -118,9 +126,12 @@ def parse_metrics(text: str, taken_at: float | None = None) -> Snapshot:
                     if w != ALL:
                         total = total + c
                 by_workload[ALL] = total + by_workload.get(ALL, SpecCounters())
-            return Snapshot(taken_at, flavour.key, by_workload)
+            return Snapshot(taken_at, flavour.key, by_workload, running=running.get(flavour.key))
     for key, values in gauges.items():
-        return Snapshot(taken_at, key, {}, sum(values) / len(values))
+        return Snapshot(taken_at, key, {}, sum(values) / len(values), running.get(key))
+    if running:  # a plain server: no speculative counters, but its batch
+        key = next(f.key for f in FLAVOURS if f.key in running)
+        return Snapshot(taken_at, "none", {}, running=running[key])
     return Snapshot(taken_at, "none", {})
 
 

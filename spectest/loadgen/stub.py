@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import sys
@@ -127,6 +128,10 @@ class _Metrics:
             return Counter(f.samples[spec.name].removesuffix("_total"), spec.help,
                            list(f.labels + extra), registry=registry)
 
+        self.running = (Gauge(f.samples[N.RUNNING.name], N.RUNNING.help,
+                              [x for x in f.labels if x != "workload"], registry=registry)
+                        .labels(*(self._values[x] for x in f.labels if x != "workload"))
+                        if N.RUNNING.name in f.samples else None)
         self.drafts = counter(N.SPEC_NUM_DRAFTS)
         self.draft_tokens = counter(N.SPEC_NUM_DRAFT_TOKENS)
         self.accepted = counter(N.SPEC_NUM_ACCEPTED_TOKENS)
@@ -248,10 +253,25 @@ class StubServer:
         return web.json_response(out)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, _ChatRequest, chat=True)
+        with self._running():
+            return await self._serve(request, _ChatRequest, chat=True)
 
     async def complete(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, _CompletionRequest, chat=False)
+        with self._running():
+            return await self._serve(request, _CompletionRequest, chat=False)
+
+    @contextlib.contextmanager
+    def _running(self):
+        """The running-requests gauge (where the imitated flavour has one): up while a
+        request is served."""
+        gauge = getattr(self.metrics, "running", None)
+        if gauge is not None:
+            gauge.inc()
+        try:
+            yield
+        finally:
+            if gauge is not None:
+                gauge.dec()
 
     async def _serve(self, request: web.Request, model, chat: bool) -> web.StreamResponse:
         received = time.monotonic()

@@ -33,8 +33,10 @@ BACKOFF_S = 1.0  # after a connection failure: the server is gone, do not spin
 
 
 def build_request(record: Record, opts: SpecOptions, model: str, turn: int,
-                  messages: list[dict] | None) -> CompletionRequest:
-    """The request for ``turn`` of ``record`` (``messages``: the conversation so far)."""
+                  messages: list[dict] | None,
+                  speculative: bool | None = None) -> CompletionRequest:
+    """The request for ``turn`` of ``record`` (``messages``: the conversation so far);
+    ``speculative``: this request's switch (default: the options')."""
     endpoint = opts.endpoint
     if endpoint == "auto":
         endpoint = "chat" if messages is not None else "completions"
@@ -46,7 +48,8 @@ def build_request(record: Record, opts: SpecOptions, model: str, turn: int,
             f"{m['role']}: {m['content']}" for m in messages) + "\n\nassistant:"
     body = build_body(model, messages=messages if endpoint == "chat" else None, prompt=prompt,
                       max_tokens=opts.max_tokens or record.expected_output_tokens,
-                      temperature=opts.temperature, speculative=opts.speculative,
+                      temperature=opts.temperature,
+                      speculative=opts.speculative if speculative is None else speculative,
                       extra=dict(opts.extra_body))
     return CompletionRequest(path=CHAT_PATH if endpoint == "chat" else COMPLETIONS_PATH,
                              body=body, workload=record.category, record_id=record.id,
@@ -60,6 +63,7 @@ class SpecUser(FastHttpUser):
     network_timeout = 600.0  # a long generation is not a timeout
     connection_timeout = 10.0
     sent = 0  # requests this user has sent: after the first, its connection may be reused
+    conversations = 0  # --speculative ab: even conversations speculate, odd ones do not
 
     @task
     def conversation(self) -> None:
@@ -77,13 +81,18 @@ class SpecUser(FastHttpUser):
         record = next(run.dataset(self.workload))
         messages = [dict(m) for m in record.messages] if record.messages is not None else None
         worker = getattr(run.env.runner, "client_id", "local")
+        speculative, label = None, run.opts.speculative_label
+        if run.opts.alternate:  # one kind per conversation, so its turns are comparable
+            speculative = self.conversations % 2 == 0
+            label = "on" if speculative else "off"
+        self.conversations += 1
         for turn in range(1 + len(record.turns)):
-            req = build_request(record, run.opts, run.model, turn, messages)
+            req = build_request(record, run.opts, run.model, turn, messages, speculative)
             result = stream_completion(self.client, req, api_key=run.opts.api_key,
                                        trace=run.trace, reused=self.sent > 0)
             self.sent += 1
             run.submit(results.request_row(
-                result, worker=worker, speculative=run.opts.speculative_label,
+                result, worker=worker, speculative=label,
                 slo_ok=run.opts.slo_ok(result.ttft_s, result.tpot_s, result.e2el_s),
                 schedule_lag_s=lag if turn == 0 else None, client_cpu=run.cpu.fraction()))
             if not result.ok:

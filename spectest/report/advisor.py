@@ -28,7 +28,7 @@ a disaggregation from a co-located sweep, or another network from a measured one
 linear in K around the K that ran. K = 0 (speculation off) has speedup 1, so the advisor says
 "off" where nothing beats it. ``profile_json`` writes the result in the format of
 ``spectest.engine.policies.Profile`` so ``spectest serve --k-policy goodput --profile`` can run
-the recommendation (the sweep's ``--validate-k``).
+the recommendation.
 
 Evidence: each row carries the measured speedup at the K that ran with its successful requests
 per arm and 95 % interval (``evidence.Ratio``). Costs taken from client TPOT rest on those
@@ -264,6 +264,9 @@ def advise(table: pd.DataFrame, workload: str, k_max: int = K_MAX,
         ratio = ev.ratio(s, b, "tpot_p50_ms", False, cost.concurrency, min_requests,
                          "tpot_p50_rse")
         v = t[(t.arm == "spec-advised") & (t.concurrency == cost.concurrency)]
+        beside = t[(t.arm == "verify-off") & (t.concurrency == cost.concurrency)]
+        if len(beside):  # the baseline measured beside the advised arm, not minutes before
+            b = beside.iloc[0]
         validated = vk = None
         v_ratio = None
         if len(v) and _ok(v.iloc[0].tpot_p50_ms) and _ok(b.tpot_p50_ms):

@@ -162,7 +162,7 @@ def knee(table: pd.DataFrame, workload: str, arm: str, flat_tol: float = FLAT_TO
             continue
         plateau = max(tp[i:])
         top = rows[i + int(np.argmax(tp[i:]))]
-        band = ev.log_interval(plateau, top.get("output_tokens_per_s_log_se"))
+        band = ev.log_interval(plateau, top.get("output_tokens_per_s_log_se"), ev.step_z(top))
         evidence = (f"throughput {_n(tp[i])} tok/s at c={_fmt_c(cs[i])} and at most "
                     f"{_n(max(tp[i + 1:]))} beyond (≤ +{flat_tol:.0%}), while "
                     f"{latency.replace('_ms', '').replace('_', ' ')} rose "

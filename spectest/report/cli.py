@@ -23,6 +23,7 @@ from pathlib import Path
 
 from spectest.report.cost import CostInputs
 from spectest.report.evidence import MIN_REQUESTS_PER_STEP
+from spectest.report.schedule import OBJECTIVES, MixError, parse_mix
 from spectest.report.table import SLO, SweepError, load_sweep
 
 
@@ -43,6 +44,41 @@ def add_analysis_arguments(p, defaults: bool = False) -> None:
                    help="load to plan replicas for, in SLO-meeting requests/s" + keep)
     p.add_argument("--target-output-tps", type=float, default=None,
                    help="load to plan replicas for, in SLO-meeting output tokens/s" + keep)
+    p.add_argument("--objective", choices=OBJECTIVES, default=None,
+                   help="what the advised speculation schedule follows: the TPOT crossover, "
+                        "the throughput crossover, or both — off where either says "
+                        "speculation stops paying (default: both)" + keep)
+    p.add_argument("--mix", default=None, metavar="WORKLOAD=WEIGHT,…",
+                   help="your traffic mix, e.g. chat=0.6,code=0.3,rag=0.1: the report also "
+                        "advises one schedule for it (default: equal weights)" + keep)
+    p.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help="the candidate vLLM server's --speculative-config, so the advice "
+                        "prints the whole value with the schedule in it" + keep)
+
+
+def advice_options(args, workloads: list[str] | None = None) -> dict:
+    """The advice's options from the flags (only those given); SweepError when invalid."""
+    import json
+
+    out: dict = {}
+    if getattr(args, "objective", None):
+        out["objective"] = args.objective
+    if getattr(args, "mix", None):
+        try:
+            parse_mix(args.mix, workloads)
+        except MixError as e:
+            raise SweepError(str(e)) from None
+        out["mix"] = args.mix
+    text = getattr(args, "speculative_config", None)
+    if text:
+        try:
+            if not isinstance(json.loads(text), dict):
+                raise ValueError
+        except ValueError:
+            raise SweepError("--speculative-config must be a JSON object, as given to "
+                             "vLLM") from None
+        out["speculative_config"] = text
+    return out
 
 
 def analysis_options(args) -> tuple[int | None, CostInputs | None]:
@@ -145,7 +181,8 @@ def report_main(args: argparse.Namespace) -> int:
         m, cost = analysis_options(args)
         if args.network_ms is not None and args.network_ms < 0:
             raise SweepError("--network-ms must be at least 0")
-        out = render_report(args.folder, args.out, slo, m, cost, args.network_ms)
+        advice = advice_options(args, sweep.workloads)
+        out = render_report(args.folder, args.out, slo, m, cost, args.network_ms, advice)
     except SweepError as e:
         print(f"spectest report: {e}", file=sys.stderr)
         return 2
@@ -153,7 +190,7 @@ def report_main(args: argparse.Namespace) -> int:
     if status != "finished":
         print(f"note: this sweep's status is {status!r}; the report shows its "
               f"{len(sweep.table)} finished steps")
-    for line in summary_lines(args.folder, slo, m, cost, sweep=sweep):
+    for line in summary_lines(args.folder, slo, m, cost, sweep=sweep, advice=advice):
         print(line)
     print(f"report: {out.html}  (Markdown: {out.markdown})")
     return 0
@@ -197,7 +234,8 @@ def _peer_report(args: argparse.Namespace) -> int:
         out = args.out or Path(f"spectest-report-{(args.spec or [Path('spec')])[0].resolve().name}"
                                f"-vs-{(args.baseline or [Path('base')])[0].resolve().name}")
         sweep = _peer_runs(args.spec, args.baseline, out, args)
-        rendered = render_report(out, out, None, m, cost, args.network_ms)
+        rendered = render_report(out, out, None, m, cost, args.network_ms,
+                                 advice_options(args, sweep.workloads))
         lines = summary_lines(out, None, m, cost)
     except SweepError as e:
         print(f"spectest report: {e}", file=sys.stderr)

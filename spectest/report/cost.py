@@ -89,6 +89,7 @@ class Point:
     thin: bool  # under min_requests successful requests
     estimated: bool  # goodput tokens estimated from throughput × SLO attainment
     price: float | None  # per replica-hour; None: figures in replica-hours
+    z: float = ev.Z  # the critical value of the step's intervals (``evidence.step_z``)
 
     @property
     def usable(self) -> bool:
@@ -103,7 +104,7 @@ class Point:
 
     @property
     def cost_interval(self) -> tuple[float, float] | None:
-        band = ev.log_interval(1.0, self.log_se) if self.cost else None
+        band = ev.log_interval(1.0, self.log_se, self.z) if self.cost else None
         return (self.cost / band[1], self.cost / band[0]) if band else None
 
     def why_not(self) -> str:
@@ -191,7 +192,7 @@ def points(table: pd.DataFrame, workload: str, arm: str, slo: SLO, inputs: CostI
                          float(rse) if ev.finite(rse) else None,
                          float(row["duration_s"]) if ev.finite(row.get("duration_s")) else None,
                          tuple(slo.violations(row)), ev.thin(n, min_requests), estimated,
-                         inputs.price(arm)))
+                         inputs.price(arm), ev.step_z(row)))
     return out
 
 
@@ -211,7 +212,7 @@ def plan(table: pd.DataFrame, workload: str, arm: str, slo: SLO, inputs: CostInp
     replicas = span = None
     if inputs.target_output_tps:
         replicas = _replicas(inputs.target_output_tps, best.goodput_tps)
-        band = ev.log_interval(best.goodput_tps, best.log_se)
+        band = ev.log_interval(best.goodput_tps, best.log_se, best.z)
         if band:
             span = (_replicas(inputs.target_output_tps, band[1]),
                     _replicas(inputs.target_output_tps, band[0]))
@@ -235,7 +236,7 @@ def saving(spec: Plan, base: Plan,
     low = high = None
     why = ev.NO_COLUMNS
     if s.log_se is not None and b.log_se is not None:
-        half = ev.Z * math.hypot(s.log_se, b.log_se)
+        half = max(s.z, b.z) * math.hypot(s.log_se, b.log_se)
         low, high = value * math.exp(-half), value * math.exp(half)
     elif s.estimated or b.estimated:
         why = "interval unavailable: goodput tokens estimated from an old steps.csv"

@@ -4,17 +4,26 @@ Every speedup, crossover, break point and cost figure spectest states carries th
 successful requests behind it (per arm and step) and an interval. This module owns how both are
 computed and judged; it knows no files, HTTP or plotting.
 
-**Per step and arm** (at summary time, from the step's ``requests.jsonl``): the step's
-successful requests are resampled with replacement ``RESAMPLES`` times (``scipy.stats.
-bootstrap``, seeded, so ``steps.csv`` is reproducible) and the figure recomputed — TPOT p50
-(median of per-request TPOT), output tokens/s (sum of each request's tokens generated inside
-the measured window ÷ window) and goodput tokens/s (the same over requests meeting every SLO).
-The standard deviation of the log of the recomputed figures is the step's ``*_log_se`` column.
+**Per step and arm** (at summary time, from the step's ``requests.jsonl``), the standard error
+of the log of each figure — the step's ``*_log_se`` columns:
 
-**A ratio of the two arms** (speedup, cost ratio): r · exp(± z · √(se_spec² + se_base²)) with
-z = Φ⁻¹(0.975): the arms are independent samples, so the variances of their logs add. The
-interval covers request-to-request variation inside each step; drift of the machine between
-the two arms' runs (they run one after the other) is not in it — the per-step load average is.
+* TPOT p50 (median of per-request TPOT): the successful requests are resampled with
+  replacement ``RESAMPLES`` times (``scipy.stats.bootstrap``, seeded, so ``steps.csv`` is
+  reproducible) and the median recomputed;
+* output tokens/s and goodput tokens/s (tokens generated inside the measured window ÷ window;
+  goodput: of requests meeting every SLO): the ratio estimator of a closed loop, tokens over
+  the time the requests took, clustered by the requests sent together (``throughput_log_se``).
+  Simulated closed loops (``benchmarks/interval_coverage.py``) show it covering at its stated
+  rate where resampling the requests of a fixed window — the estimator before it, which also
+  added a Poisson term for their number — was four to eight times wider than needed.
+
+**A ratio of the two arms** (speedup, cost ratio): r · exp(± z · √(se_spec² + se_base²)): the
+arms are independent samples, so the variances of their logs add. z = Φ⁻¹(0.975) for a step
+measured once; a step that was looked at several times before it stopped (``sequential``)
+carries its own, larger z in the ``interval_z`` column, which keeps the 95 % under optional
+stopping. The interval covers request-to-request variation inside each step; drift of the
+machine between the two arms' runs (they run one after the other) is not in it — the per-step
+load average is.
 
 **Judgement** of a ratio r (> 1: speculation better) with interval [lo, hi]:
 
@@ -83,16 +92,37 @@ def median_log_se(values, seed: int = SEED) -> float | None:
     return bootstrap_log_se(values, lambda x, axis: np.median(x, axis=axis), seed)
 
 
-def rate_log_se(shares, seconds: float, seed: int = SEED) -> float | None:
-    """Of a rate Σ shares / seconds (tokens per second): the bootstrap over the requests (which
-    keeps their number n fixed) plus the count's own noise, taken as Poisson (var log n ≈ 1/n;
-    a closed loop is more regular than that, so this errs wide). Without the second term three
-    requests of equal length would give a zero-width interval."""
-    if not seconds or seconds <= 0:
+def throughput_log_se(tokens, busy_s, concurrency: int = 1) -> float | None:
+    """Of a closed loop's throughput: the standard error of its log, from its requests.
+
+    A user of a closed loop sends its next request when the last one ends, so its throughput is
+    a ratio — tokens over the time the requests took — and a long request both brings more
+    tokens and leaves room for fewer requests (renewal-reward). The ratio estimator
+    r = Σ tokens / Σ busy seconds has, by the delta method, var(log r) ≈ Σ (y_i − r·x_i)² /
+    (Σ y_i)²; the c requests sent together share the server's rounds, so the residuals are
+    summed in clusters of ``concurrency`` consecutive sends first (cluster-robust, G clusters,
+    factor G / (G − 1)), and the result is scaled by t_{G−1} / z so that z times it is the
+    small-sample 95 % half-width. ``tokens``, ``busy_s``: per request in send order (output
+    tokens — or 0 for goodput's misses — and send-to-last-token seconds). None under 2
+    clusters or without tokens. ``benchmarks/interval_coverage.py`` measures its coverage
+    against the fixed-window bootstrap it replaced (which ignored that correlation and was
+    about four times too wide)."""
+    from scipy import stats
+
+    y = np.asarray(tokens, dtype=float)
+    x = np.asarray(busy_s, dtype=float)
+    keep = np.isfinite(y) & np.isfinite(x) & (x > 0)
+    y, x = y[keep], x[keep]
+    c = max(1, int(concurrency or 1))
+    groups = len(y) // c
+    if groups < 2 or y.sum() <= 0:
         return None
-    boot = bootstrap_log_se(shares, lambda x, axis: np.sum(x, axis=axis) / seconds, seed)
-    n = int(np.sum(np.isfinite(np.asarray(shares, dtype=float))))
-    return None if boot is None else math.sqrt(boot * boot + 1.0 / n)
+    r = y.sum() / x.sum()
+    residual = (y - r * x)[:groups * c].reshape(groups, c).sum(axis=1)
+    used = groups * c  # a last, incomplete cluster is left out of the variance only
+    var = float((residual ** 2).sum()) * groups / (groups - 1) * (len(y) / used)
+    se = math.sqrt(var) / float(y.sum())
+    return se * float(stats.t.ppf(0.5 + CONFIDENCE / 2, groups - 1)) / Z
 
 
 # --- reading a step row ---------------------------------------------------------------------
@@ -116,12 +146,13 @@ def thin(n: int | None, min_requests: int) -> bool:
     return n is not None and n < min_requests
 
 
-def counts(n_spec: int | None, n_base: int | None = None, arms: bool = True) -> str:
+def counts(n_spec: int | None, n_base: int | None = None, arms: bool = True,
+           labels: tuple[str, str] = ("spec", "base")) -> str:
     def s(n):
         return "?" if n is None else str(n)
     if not arms:
         return f"n = {s(n_spec)}"
-    return f"n = {s(n_spec)} spec / {s(n_base)} base"
+    return f"n = {s(n_spec)} {labels[0]} / {s(n_base)} {labels[1]}"
 
 
 # --- a ratio of the arms --------------------------------------------------------------------
@@ -138,6 +169,7 @@ class Ratio:
     min_requests: int = MIN_REQUESTS_PER_STEP
     tol: float = MIN_TOL  # band of "no clear difference" when there is no interval
     no_interval: str = NO_COLUMNS  # why ``low``/``high`` are missing
+    labels: tuple[str, str] = ("spec", "base")  # the two arms, as the counts name them
 
     @property
     def has_interval(self) -> bool:
@@ -169,7 +201,7 @@ class Ratio:
         return self.judgement in (AHEAD, BEHIND, EVEN)
 
     def counts(self) -> str:
-        return counts(self.n_spec, self.n_base)
+        return counts(self.n_spec, self.n_base, labels=self.labels)
 
     def interval(self, unit: str = "×") -> str:
         if not self.has_interval:
@@ -200,9 +232,19 @@ class Ratio:
         return ""
 
 
+def step_z(*rows) -> float:
+    """The critical value of the intervals at a step: the largest ``interval_z`` of its rows
+    (a step that was looked at several times, ``sequential``), else ``Z``."""
+    zs = [float(r.get("interval_z")) for r in rows
+          if hasattr(r, "get") and finite(r.get("interval_z"))]
+    return max([Z] + zs)
+
+
 def ratio(spec_row, base_row, col: str, higher_is_better: bool, concurrency: float,
-          min_requests: int = MIN_REQUESTS_PER_STEP, rse_col: str | None = None) -> Ratio:
-    """The arms' ratio of ``col`` at one step, with its interval from the ``*_log_se`` columns."""
+          min_requests: int = MIN_REQUESTS_PER_STEP, rse_col: str | None = None,
+          z: float | None = None, labels: tuple[str, str] = ("spec", "base")) -> Ratio:
+    """The arms' ratio of ``col`` at one step, with its interval from the ``*_log_se`` columns
+    (``z``: the critical value; default the rows' own, ``step_z``)."""
     n_s, n_b = successful(spec_row), successful(base_row)
     vs, vb = spec_row.get(col), base_row.get(col)
     tol = MIN_TOL
@@ -211,17 +253,19 @@ def ratio(spec_row, base_row, col: str, higher_is_better: bool, concurrency: flo
                   for r in (spec_row, base_row))
         tol = max(MIN_TOL, 2 * math.hypot(rs, rb))
     if not (finite(vs) and finite(vb)) or float(vs) <= 0 or float(vb) <= 0:
-        return Ratio(concurrency, None, None, None, n_s, n_b, min_requests, tol)
+        return Ratio(concurrency, None, None, None, n_s, n_b, min_requests, tol,
+                     labels=labels)
     value = float(vs) / float(vb) if higher_is_better else float(vb) / float(vs)
     se_col = log_se_column(col)
     ss, sb = spec_row.get(se_col), base_row.get(se_col)
     if finite(ss) and finite(sb):
-        half = Z * math.hypot(float(ss), float(sb))
+        half = (step_z(spec_row, base_row) if z is None else z) * math.hypot(float(ss),
+                                                                              float(sb))
         return Ratio(concurrency, value, value * math.exp(-half), value * math.exp(half),
-                     n_s, n_b, min_requests, tol)
+                     n_s, n_b, min_requests, tol, labels=labels)
     few = any(n is not None and n < 2 for n in (n_s, n_b))
     why = "no interval: an arm has fewer than 2 successful requests" if few else NO_COLUMNS
-    return Ratio(concurrency, value, None, None, n_s, n_b, min_requests, tol, why)
+    return Ratio(concurrency, value, None, None, n_s, n_b, min_requests, tol, why, labels)
 
 
 def log_se_column(col: str) -> str:
@@ -229,11 +273,11 @@ def log_se_column(col: str) -> str:
     return (col[:-3] if col.endswith("_ms") else col) + "_log_se"
 
 
-def log_interval(value: float, log_se) -> tuple[float, float] | None:
+def log_interval(value: float, log_se, z: float = Z) -> tuple[float, float] | None:
     """value · exp(± z · se): the 95 % interval of one arm's figure."""
     if not finite(log_se):
         return None
-    half = Z * float(log_se)
+    half = z * float(log_se)
     return value * math.exp(-half), value * math.exp(half)
 
 
@@ -259,9 +303,13 @@ def method_text(min_requests: int) -> str:
     return (f"**Intervals and sample sizes.** Every ratio is shown with the successful requests "
             f"behind it (n, per arm and step) and a {CONFIDENCE:.0%} interval: each step's "
             f"requests are bootstrapped ({RESAMPLES:,} resamples, scipy.stats.bootstrap, seed "
-            f"{SEED}) to get the standard error of the log of its TPOT p50, output tokens/s and "
-            f"goodput tokens/s; a ratio of the two arms gets r·exp(±{Z:.2f}·√(se_spec² + "
-            f"se_base²)) (independent arms). It covers request-to-request variation inside a "
+            f"{SEED}) to get the standard error of the log of its TPOT p50; output and goodput "
+            f"tokens/s get theirs from the ratio estimator of a closed loop (tokens over the "
+            f"time the requests took, clustered by the requests sent together, t quantile); a "
+            f"ratio of the two arms gets r·exp(±z·√(se_spec² + se_base²)) (independent arms), "
+            f"z = {Z:.2f} for a step measured once and larger for a step that was looked at "
+            f"more than once before it stopped (see *Decisive steps*). It covers "
+            f"request-to-request variation inside a "
             f"step, not drift between the two arms' runs. A step with fewer than "
             f"{min_requests} successful requests in an arm (`--min-requests-per-step`), or "
             f"whose interval cannot tell the ratio from 1.0×, yields **not enough data** "

@@ -153,14 +153,20 @@ def step_row(step: PeerStep, arm: str, slo: SLO, workload: str | None = None) ->
         row["slo_attainment"] = float(met.mean())
     if duration > 0:
         shares = _shares(ok, t1, t2)
-        inside = shares > 0
         good = shares * met
+        # the closed loop's ratio estimator over the requests in send order (``evidence``)
+        order = ok.sort_values("started_at")
+        tokens = order.output_tokens.fillna(0).to_numpy(dtype=float)
+        busy = order.e2el_ms.astype(float).to_numpy() / 1e3
+        met_sorted = slo_ok(order, slo)
+        c = int(step.concurrency or 1)
         row.update(output_tokens_per_s=float(shares.sum()) / duration,
                    requests_per_s=len(ok) / duration, goodput_rps=float(met.sum()) / duration,
                    goodput_tokens_per_s=float(good.sum()) / duration,
-                   output_tokens_per_s_log_se=evidence.rate_log_se(shares[inside], duration))
+                   output_tokens_per_s_log_se=evidence.throughput_log_se(tokens, busy, c))
         if good.sum() > 0:
-            row["goodput_tokens_per_s_log_se"] = evidence.rate_log_se(good[inside], duration)
+            row["goodput_tokens_per_s_log_se"] = evidence.throughput_log_se(
+                tokens * met_sorted, busy, c)
     if len(ok):
         row["tpot_p50_log_se"] = evidence.median_log_se(ok.tpot_ms.astype(float))
     row.update(acceptance(ok))

@@ -33,7 +33,8 @@ from spectest.report.table import Sweep
 
 ARM_COLOURS = {"spec": "#1a9850", "base": "#4d4d4d", "spec-advised": "#2166ac"}
 ARM_LABELS = {"spec": "speculation on", "base": "baseline (off)",
-              "spec-advised": "advised K"}
+              "spec-advised": "advised schedule", "verify-on": "on (beside the advice)",
+              "verify-off": "off (beside the advice)"}
 STYLES = ("-", "--", ":")
 WORKLOAD_COLOURS = ("#1f77b4", "#d62728", "#9467bd", "#ff7f0e", "#8c564b", "#17becf")
 DPI = 110

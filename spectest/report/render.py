@@ -9,7 +9,8 @@ figures (``plots/*.png``, embedded in the HTML as base64 so the file can be mail
 per-step table (``steps.csv`` is beside it). Also written: ``breakpoints.csv`` (every break
 point with its evidence and basis), ``cost.csv`` (every step's cost), ``k_advice.csv`` and
 ``k_profile.json`` (the advice as a profile for ``spectest serve --k-policy goodput
---profile``).
+--profile``) and ``schedule.json`` (the speculation schedule per workload and for the mix, in
+every server's words: ``schedule``).
 
 The document is built once (``sections``, ``cost_section``) and written twice — as Markdown
 and as HTML (``document``) — so the two never disagree. It reads the folder and writes files.
@@ -25,6 +26,12 @@ import pandas as pd
 from spectest.report import advisor, outliers, plots
 from spectest.report import breakpoints as bpm
 from spectest.report import cost as costm
+from spectest.report import schedule as sch
+from spectest.report.advice_section import (
+    configuration_section,
+    measured_flavour,
+    verification_section,
+)
 from spectest.report.cost_section import cost_lines, cost_section
 from spectest.report.document import (  # noqa: F401 (re-exported: the report's page model)
     Bullets,
@@ -64,6 +71,24 @@ CAPTIONS = {"speedup": "Speedup over the baseline with 95 % intervals: above 1 s
             "k_advisor": "K advisor: predicted speedup vs K at each concurrency."}
 
 
+SCHEDULE_JSON = "schedule.json"
+
+
+def schedule_json(an: Analysis) -> str:
+    """Every schedule with what it rests on, and each in every server's words."""
+    import json
+
+    cfg = an.sweep.info.get("config") or {}
+    data = {"objective": cfg.get("objective") or "both", "mix": cfg.get("mix") or "",
+            "schedules": [{**s.to_json(),
+                           "flags": {f.key: sch.render(s, f, cfg.get("speculative_config"))
+                                     for f in sch.flavours.FLAVOURS},
+                           "vllm_per_batch_size": sch.vllm_schedule(s),
+                           "spectest_serve_args": sch.spectest_serve_args(s)}
+                          for s in an.schedules]}
+    return json.dumps(data, indent=2, default=str) + "\n"
+
+
 @dataclass(frozen=True)
 class Rendered:
     html: Path
@@ -73,8 +98,12 @@ class Rendered:
 
 def document(an: Analysis, figures: dict) -> list[Section]:
     cost_fig = figures.get("cost")
+    verified = verification_section(an.sweep.table, list(an.schedules), an.sweep.info,
+                                    an.min_requests)
     return [Section("Verdict", [Bullets([verdict(an, w) for w in an.sweep.workloads])]),
             setup_section(an), speedup_section(an), breakpoints_section(an),
+            configuration_section(list(an.schedules), an.sweep.info),
+            *([verified] if verified is not None else []),
             cost_section(list(an.costs), an.inputs, an.sweep.slo, an.min_requests, cost_fig),
             Section("Figures", [Image(p, CAPTIONS.get(name, name)) for name, p in
                                 figures.items() if name not in ("k_advisor", "cost")]),
@@ -115,11 +144,11 @@ def cost_frame(an: Analysis) -> pd.DataFrame:
 def render_report(folder: str | Path, out: str | Path | None = None,
                   slo: SLO | None = None, min_requests: int | None = None,
                   cost: costm.CostInputs | None = None,
-                  network_ms: float | None = None) -> Rendered:
+                  network_ms: float | None = None, advice: dict | None = None) -> Rendered:
     """Render ``folder`` (a sweep) into ``out`` (default: the folder itself); ``slo``,
     ``min_requests`` and ``cost`` override what the sweep ran with; ``network_ms`` gives the
-    K advice a what-if network term per round."""
-    sweep = with_options(load_sweep(folder), slo, min_requests, cost, network_ms)
+    K advice a what-if network term per round; ``advice``: the schedule's options."""
+    sweep = with_options(load_sweep(folder), slo, min_requests, cost, network_ms, advice)
     out = Path(out) if out else sweep.folder
     out.mkdir(parents=True, exist_ok=True)
     an = analyse(sweep)
@@ -135,6 +164,7 @@ def render_report(folder: str | Path, out: str | Path | None = None,
     atomic_write(out / "breakpoints.csv", breakpoints_frame(an.found).to_csv(index=False))
     atomic_write(out / "cost.csv", cost_frame(an).to_csv(index=False))
     atomic_write(out / "k_advice.csv", advisor.advice_frame(list(an.advice)).to_csv(index=False))
+    atomic_write(out / SCHEDULE_JSON, schedule_json(an))
     profile = advisor.profile_json(sweep.table[sweep.table.arm.isin(["spec", "base"])],
                                    min_requests=an.min_requests)
     if profile is not None:
@@ -143,10 +173,24 @@ def render_report(folder: str | Path, out: str | Path | None = None,
 
 
 def summary_lines(folder: str | Path, slo: SLO | None = None, min_requests: int | None = None,
-                  cost: costm.CostInputs | None = None, sweep: Sweep | None = None) -> list[str]:
+                  cost: costm.CostInputs | None = None, sweep: Sweep | None = None,
+                  advice: dict | None = None) -> list[str]:
     """Terminal lines: per workload the speedup at c=1, the break points and the cost, each
-    with the requests behind it and its interval (or "not enough data")."""
-    an = analyse(with_options(sweep or load_sweep(folder), slo, min_requests, cost))
+    with the requests behind it and its interval (or "not enough data"), and the schedule in
+    the measured server's words."""
+    an = analyse(with_options(sweep or load_sweep(folder), slo, min_requests, cost,
+                              advice=advice))
+    flavour = sch.flavours.BY_KEY.get(measured_flavour(an.sweep.info))
+    spec_cfg = (an.sweep.info.get("config") or {}).get("speculative_config")
+    schedules = {s.name: s for s in an.schedules}
+
+    def advice_line(name: str) -> list[str]:
+        s = schedules.get(name)
+        if s is None:
+            return []
+        where = (f"; {flavour.display}: {sch.render(s, flavour, spec_cfg)}"
+                 if flavour is not None and s.status != sch.NONE else "")
+        return [f"  schedule {s.why}{where}"]
     t = an.sweep.table
     by = {(b.workload, b.kind, b.arm): b for b in an.found}
     lines = []
@@ -170,5 +214,10 @@ def summary_lines(folder: str | Path, slo: SLO | None = None, min_requests: int 
                              f"{by[(w, 'slo', arm)].summary()}; knee "
                              f"{by[(w, 'knee', arm)].summary()}; max goodput {best}")
         lines += cost_lines([wc for wc in an.costs if wc.workload == w], an.inputs)[:1]
+        lines += advice_line(w)
+    if sch.MIX in schedules:
+        lines.append("traffic mix (" + ", ".join(f"{w} {v:.0%}" for w, v in
+                                                schedules[sch.MIX].weights.items()) + "):")
+        lines += advice_line(sch.MIX)
     lines += [x for x in cost_lines([], an.inputs)]
     return lines

@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from spectest.loadgen import cpu
-from spectest.report import advisor
+from spectest.report import advisor, schedule, sequential
 from spectest.report import breakpoints as bpm
 from spectest.report import cost as costm
 from spectest.report import evidence as ev
@@ -38,15 +38,17 @@ class Analysis:
     inputs: costm.CostInputs
     costs: tuple[costm.WorkloadCost, ...]
     advice: tuple[advisor.Advice, ...]
+    schedules: tuple[schedule.Schedule, ...] = ()
 
 
 def with_options(sweep: Sweep, slo: SLO | None = None, min_requests: int | None = None,
                  cost: costm.CostInputs | None = None,
-                 network_ms: float | None = None) -> Sweep:
+                 network_ms: float | None = None, advice: dict | None = None) -> Sweep:
     """The sweep with command-line overrides laid over its ``sweep.json`` options. Prices
-    replace prices as a pair, and a target load replaces the other kind of target."""
+    replace prices as a pair, and a target load replaces the other kind of target;
+    ``advice``: the schedule's options (objective, mix, speculative_config)."""
     info = dict(sweep.info)
-    cfg = dict(info.get("config") or {})
+    cfg = {**(info.get("config") or {}), **(advice or {})}
     if slo is not None:
         info["slo"] = slo.to_json()
     if min_requests is not None:
@@ -75,7 +77,14 @@ def analyse(sweep: Sweep) -> Analysis:
     network = (sweep.info.get("config") or {}).get("network_ms")  # a what-if (report flag)
     advice = [a for w in sweep.workloads
               for a in advisor.advise(t, w, min_requests=m, network_ms=network)]
-    return Analysis(sweep, tuple(found), m, inputs, tuple(costs), tuple(advice))
+    cfg = sweep.info.get("config") or {}
+    try:
+        mix = schedule.parse_mix(cfg.get("mix") or "", sweep.workloads)
+    except schedule.MixError:
+        mix = {}
+    schedules = schedule.build_all(t, sweep.workloads, cfg.get("objective") or "both", m, mix)
+    return Analysis(sweep, tuple(found), m, inputs, tuple(costs), tuple(advice),
+                    tuple(schedules))
 
 
 # --- verdict --------------------------------------------------------------------------------
@@ -163,12 +172,17 @@ def setup_section(an: Analysis) -> Section:
         f"concurrency "
         f"{', '.join(str(c) for c in cfg.get('steps', sorted(set(t.concurrency))))}; "
         f"{fmt(cfg.get('warmup_s'), 'g')} s warm-up then {fmt(cfg.get('step_time_s'), 'g')} s "
-        f"measured per step and arm ({cfg.get('windows', '?')} windows); max tokens "
+        f"measured per {'look' if cfg.get('looks') else 'step'} and arm "
+        f"({cfg.get('windows', '?')} windows"
+        + (f"; up to {cfg['looks']} looks per step" if (cfg.get('looks') or 1) > 1 else "")
+        + f"); max tokens "
         f"{cfg.get('max_tokens', '?')}; temperature {cfg.get('temperature', '?')}; "
         f"seed {cfg.get('seed', '?')}."),
         f"SLOs: {sweep.slo.describe()}.",
         f"Step resolution: {bpm.resolution(t)}.",
         ev.method_text(an.min_requests)]
+    if not peer:
+        setup.append(decisive_text(t, cfg))
     note = ev.interval_note(t, peer.get("no_intervals"))
     if note:
         setup.append(note)
@@ -180,6 +194,23 @@ def setup_section(an: Analysis) -> Section:
         setup.append(client)
     notes = list(info.get("notes") or [])
     return Section("Setup", [Bullets(setup)] + ([Bullets(notes)] if notes else []))
+
+
+def decisive_text(t: pd.DataFrame, cfg: dict) -> str:
+    """How the steps were made decisive, and which settled and which reached the cap."""
+    looks = int(cfg.get("looks") or 1)
+    text = sequential.method_text(looks, cfg.get("step_time_s"))
+    if "decided" not in t or t.decided.dropna().empty:
+        return text
+    pairs = t[t.arm == "spec"].sort_values(["workload", "concurrency"])
+
+    def steps(status: str) -> str:
+        rows = pairs[pairs.decided == status]
+        return ", ".join(f"{r.workload} c={r.concurrency:g}"
+                         + (f" ({int(r.looks)} looks)" if r.looks > 1 else "")
+                         for r in rows.itertuples()) or "none"
+    return (f"{text} Settled: {steps(sequential.SETTLED)}. Reached the cap without settling: "
+            f"{steps(sequential.CAP)}.")
 
 
 def speedup_section(an: Analysis) -> Section:
@@ -265,11 +296,12 @@ def k_section(an: Analysis, figure: Path | None) -> Section:
         "tokens stops being free. Positions past the K that ran are continued geometrically; "
         f"costs come from {' and '.join(src)} and are assumed linear in K. The measured "
         f"speedup carries its requests and interval; costs from client TPOT with fewer than "
-        f"{an.min_requests} successful requests per arm give no best K.",
+        f"{an.min_requests} successful requests per arm give no best K. The best K is a "
+        f"prediction: the schedule (Configuration) runs the K that was measured.",
         Table(["workload", "c", "K run", "c (cost/draft token)"]
               + (["network ms/round"] if networked else [])
               + ["measured speedup", "predicted at K run", "best K", "predicted at best K",
-                 "validated", "note"], rows)]
+                 "advised arm (measured)", "note"], rows)]
     if networked:
         blocks.append(
             "**Network term.** The draft runs in another process (`spectest serve "
@@ -301,21 +333,24 @@ STEP_COLUMNS = (("workload", "workload", None), ("arm", "arm", None), ("c", "con
                 ("±95%", "tokens_ci", ".0%"), ("± windows", "output_tokens_per_s_rse", ".0%"),
                 ("goodput", "goodput_rps", ".2f"),
                 ("accept", "acceptance_rate", ".2f"), ("len", "mean_accepted_length", ".2f"),
-                ("K", "k", ".3g"), ("load", "loadavg", ".1f"))
+                ("K", "k", ".3g"), ("looks", "looks", "g"), ("load", "loadavg", ".1f"))
 
 
 def steps_section(sweep: Sweep) -> Section:
     t = sweep.table.sort_values(["workload", "concurrency", "arm"], key=lambda s: s.map(
         {w: i for i, w in enumerate(sweep.workloads)}) if s.name == "workload" else s)
-    t = t.assign(tpot_ci=(ev.Z * t.tpot_p50_log_se.astype(float)).map(_upper),
-                 tokens_ci=(ev.Z * t.output_tokens_per_s_log_se.astype(float)).map(_upper))
+    z = (t.interval_z.astype(float).fillna(ev.Z) if "interval_z" in t
+         else pd.Series(ev.Z, index=t.index))
+    t = t.assign(tpot_ci=(z * t.tpot_p50_log_se.astype(float)).map(_upper),
+                 tokens_ci=(z * t.output_tokens_per_s_log_se.astype(float)).map(_upper))
     rows = [[str(r[col]) if spec is None else fmt(r[col], spec) for _, col, spec in STEP_COLUMNS]
             for _, r in t.iterrows()]
     return Section("Per-step measurements", [
-        f"Latencies in ms. ±95% is the upper half of the step's bootstrap interval (over its "
-        f"requests; – in an old steps.csv); ± windows is the relative standard error of "
-        f"throughput across the measured windows. Every column is in `{STEPS_CSV}`; each "
-        f"step's requests are under `runs/`.",
+        f"Latencies in ms. ±95% is the upper half of the step's interval (over its requests, at "
+        f"its critical value z; – in an old steps.csv); ± windows is the relative standard "
+        f"error of throughput across the measured windows; looks: how many times the step "
+        f"was measured (decisive steps). Every column is in `{STEPS_CSV}`; each step's "
+        f"requests are under `runs/`.",
         Table([h for h, _, _ in STEP_COLUMNS], rows)])
 
 
@@ -363,5 +398,7 @@ def _server(info: dict) -> str:
                 f"{cfg.get('draft', '?')}{where}, K={cfg.get('k', '?')}), one server for both "
                 f"arms switched per request")
     if hosts.get("base") and hosts.get("base") != hosts.get("spec"):
-        return f"candidate {hosts.get('spec')} vs baseline {hosts.get('base')}"
+        advised = (f", and the advised configuration at {hosts['spec-advised']}"
+                   if hosts.get("spec-advised") else "")
+        return f"candidate {hosts.get('spec')} vs baseline {hosts.get('base')}{advised}"
     return f"{hosts.get('spec', '?')} (both arms, switched per request)"

@@ -7,11 +7,20 @@
     ``acceptance_pos_0`` … as many as the server reported positions):
 
     =========================== ===========================================================
-    workload, arm, concurrency  chat|code|rag|…, ``spec`` | ``base`` | ``spec-advised``, users
+    workload, arm, concurrency  chat|code|rag|…, ``spec`` | ``base`` | ``spec-advised`` (the
+                                advised schedule) | ``verify-on`` / ``verify-off`` (always-on
+                                and off measured beside it), users
     k                           the server's draft length (``spec_decode_k`` gauge; empty
                                 when unknown or not speculating)
     started_at, duration_s      start and length of the *measured* window (after warm-up)
     windows                     measured sub-windows (their spread gives the ``*_rse`` columns)
+    looks                       how many times the step was measured and judged (a decisive
+                                step runs another look per arm until its verdict is settled
+                                or ``--max-step-time`` is reached; ``sequential.py``)
+    interval_z                  the critical value of the step's intervals (1.96 for one look;
+                                larger after several, so the 95 % holds under the stopping)
+    decided                     settled (the step's verdicts are decided) | cap (the time cap
+                                ended it first) | empty (one arm, or an older file)
     requests, failures          requests sent in the window that finished (ok + failed)
     error_rate                  failures / requests
     ttft_*, tpot_*, e2el_*,     percentiles p50/p90/p99 (ms) of successful requests sent in
@@ -36,6 +45,11 @@
     acceptance_rate             Δaccepted / Δdraft_tokens
     mean_accepted_length        1 + Δaccepted / Δdrafts
     rounds, mean_batch          engine rounds and requests per round (spectest servers)
+    running_mean, running_min,  the server's running-requests gauge over the measured windows
+    running_max,                (vLLM ``num_requests_running``, llama.cpp
+    running_samples             ``requests_processing``, spectest): the batch a concurrency
+                                gave — what a batch-size schedule is written in; empty where
+                                the server has no such gauge
     draft_ms_per_round,         mean drafting and verify time of one engine round (spectest
     verify_ms_per_round         servers: ``spec_decode_{draft,verify}_time_seconds``)
     network_ms_per_round        a disaggregated drafter (``serve --draft-url``): network time
@@ -67,11 +81,11 @@ import pandas as pd
 
 STEPS_CSV = "steps.csv"
 SWEEP_JSON = "sweep.json"
-ARMS = ("spec", "base", "spec-advised")
+ARMS = ("spec", "base", "spec-advised", "verify-on", "verify-off")
 PERCENTILES = (50, 90, 99)
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
 COLUMNS = (["workload", "arm", "concurrency", "k", "started_at", "duration_s", "windows",
-            "requests", "failures", "error_rate"]
+            "looks", "interval_z", "decided", "requests", "failures", "error_rate"]
            + [f"{m}_p{p}_ms" for m in LATENCIES for p in PERCENTILES]
            + ["tpot_mean_ms", "output_tokens", "output_tokens_per_s", "output_tokens_per_s_rse",
               "tpot_p50_rse", "requests_per_s", "goodput_rps", "goodput_tokens_per_s",
@@ -79,7 +93,8 @@ COLUMNS = (["workload", "arm", "concurrency", "k", "started_at", "duration_s", "
               "slo_attainment",
               "tokens_per_chunk", "acceptance_source", "drafts", "draft_tokens",
               "accepted_tokens", "acceptance_rate", "mean_accepted_length", "rounds",
-              "mean_batch", "draft_ms_per_round", "verify_ms_per_round",
+              "mean_batch", "running_mean", "running_min", "running_max", "running_samples",
+              "draft_ms_per_round", "verify_ms_per_round",
               "network_ms_per_round", "draft_errors", "loadavg",
               "client_cpu", "client_saturated", "run_dir"])
 

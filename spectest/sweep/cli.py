@@ -18,6 +18,7 @@ import time
 
 from rich.console import Console
 
+from spectest import smoke
 from spectest.sweep import config as config_mod
 from spectest.sweep.embedded import ServerStartError
 from spectest.sweep.progress import Display
@@ -30,6 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     console = Console(highlight=False, soft_wrap=True)
+    smoke.sweep_args(args)  # SPECTEST_SMOKE: token sizes (the docs' test harness)
     try:
         cfg = config_mod.SweepConfig.from_args(args, time.strftime("%Y%m%d-%H%M%S"))
     except config_mod.ConfigError as e:

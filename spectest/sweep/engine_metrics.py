@@ -94,3 +94,24 @@ def round_figures(start: EngineReading | None, end: EngineReading | None,
     out["mean_batch"] = (per_round(start.drafts, end.drafts) if speculative
                          else per_round(start.generated, end.generated))
     return out
+
+
+def combine(looks: list[dict | None]) -> dict:
+    """The round figures of several looks of one step as one: rounds and draft errors summed,
+    per-round times and requests per round weighted by each look's rounds, the last K."""
+    looks = [x for x in looks if x]
+    if not looks:
+        return {}
+    if len(looks) == 1:
+        return dict(looks[0])
+    out = dict(looks[-1])
+    weights = [x.get("rounds") or 0.0 for x in looks]
+    total = sum(weights)
+    out["rounds"] = total or None
+    for key in ("draft_ms_per_round", "verify_ms_per_round", "network_ms_per_round",
+                "mean_batch"):
+        pairs = [(x.get(key), w) for x, w in zip(looks, weights) if x.get(key) is not None and w]
+        out[key] = (sum(v * w for v, w in pairs) / sum(w for _, w in pairs)) if pairs else None
+    errors = [x.get("draft_errors") for x in looks if x.get("draft_errors") is not None]
+    out["draft_errors"] = sum(errors) if errors else None
+    return out

@@ -9,9 +9,11 @@ folder twice a second to
   last one ends (``engine_metrics``);
 * end the step early once ``requests_per_step`` measured requests have finished (SIGTERM: Locust
   then closes its files with status ``interrupted``), or when it overruns its time limit;
-* keep a step going past its measured time, window by window up to ``EXTEND`` times that time,
-  until ``min_requests`` measured requests have succeeded — the fewest the report accepts for
-  a verdict — so a slow server or a long workload still gets a step with an interval.
+* write the engine-round figures of the measured span to ``engine.json`` in the run folder.
+
+Whether a step needs more data is decided by the sweep after both arms ran (``sweep.run``:
+another *look* of each arm, in ``look2`` … inside this folder, until the step's verdicts are
+settled); this module runs one look of one arm.
 
 Ctrl-C / SIGTERM of the sweep reaches here as ``KeyboardInterrupt``: Locust is stopped and
 reaped, and the interrupt is re-raised — the step does not count. Locust is started and stopped
@@ -30,12 +32,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from spectest.files import write_atomic
 from spectest.loadgen.runner import LocustProcess, LocustRun
 from spectest.sweep import engine_metrics
-from spectest.sweep.summary import summarize
+from spectest.sweep.summary import ENGINE_JSON, summarize
 
 POLL_S = 0.5
-EXTEND = 3  # a step may run up to (1 + EXTEND) x its measured time to reach min_requests
+SCRAPE_INTERVAL_S = 1.0  # live /metrics scrapes: the running-requests gauge, once a second
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,6 @@ class StepPlan:
     slo_tpot_ms: float = 0.0
     slo_e2el_ms: float = 0.0
     requests_per_step: int = 0
-    min_requests: int = 0  # successful measured requests to reach (extends the step)
     stop_timeout_s: float = 30.0
     metrics_url: str = ""  # "" → host + /metrics
     processes: int = 1  # load-generating Locust processes (> 1: a master and that many workers)
@@ -67,21 +69,18 @@ class StepPlan:
         return 1 if self.warmup else 0
 
     @property
-    def max_windows(self) -> int:
-        return self.windows * (1 + EXTEND) if self.min_requests else self.windows
-
-    @property
     def planned_s(self) -> float:
         return (self.warmup_steps + self.windows) * self.window_s
 
     def locust_run(self) -> LocustRun:
-        extra = ["--temperature", str(self.temperature)]
+        extra = ["--temperature", str(self.temperature),
+                 "--scrape-interval", str(SCRAPE_INTERVAL_S)]
         if self.max_prompt_chars:
             extra += ["--max-prompt-chars", str(self.max_prompt_chars)]
         if self.metrics_url:
             extra += ["--metrics-url", self.metrics_url]
         return LocustRun(self.workload, host=self.host, results_dir=self.run_dir,
-                         steps=(self.concurrency,) * (self.warmup_steps + self.max_windows),
+                         steps=(self.concurrency,) * (self.warmup_steps + self.windows),
                          step_time_s=self.window_s, speculative=self.speculative,
                          seed=self.seed, max_tokens=self.max_tokens,
                          slo_ttft_ms=self.slo_ttft_ms, slo_tpot_ms=self.slo_tpot_ms,
@@ -109,18 +108,15 @@ class StepOutcome:
     timed_out: bool
     stopped_on_requests: bool
     log_tail: str
-    extended_s: float = 0.0  # measured time beyond the plan, spent reaching min_requests
 
 
 def run_step(plan: StepPlan, on_live: Callable[[Live], None] | None = None,
              rel_to: Path | None = None) -> StepOutcome:
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     metrics_url = plan.metrics_url or plan.host.rstrip("/") + "/metrics"
-    limit = plan.planned_s + (plan.max_windows - plan.windows) * plan.window_s \
-        + plan.stop_timeout_s + 60
+    limit = plan.planned_s + plan.stop_timeout_s + 60
     start_reading = end_reading = None
     stopped_on_requests = timed_out = False
-    extended_s = 0.0
     t0 = time.monotonic()
     # Own session: a terminal Ctrl-C reaches only the sweep, which stops Locust cleanly (SIGTERM
     # to its master, which ends its forked workers; 20 s later, SIGKILL to the whole group).
@@ -134,35 +130,28 @@ def run_step(plan: StepPlan, on_live: Callable[[Live], None] | None = None,
             if measure_start is None and len(steps) > plan.warmup_steps:
                 measure_start = time.monotonic()
                 start_reading = engine_metrics.scrape(metrics_url)
-            measured_for = 0.0 if measure_start is None else time.monotonic() - measure_start
             live = _live(plan, time.monotonic() - t0, measure_start is not None)
             if on_live is not None:
                 on_live(live)
-            planned_done = measured_for >= plan.windows * plan.window_s - POLL_S
-            enough = live.requests - live.failures >= plan.min_requests
             capped = (plan.requests_per_step and live.measuring
                       and live.requests >= plan.requests_per_step)
-            if end_reading is None and measure_start is not None and (
-                    (planned_done and enough) or capped):
+            if end_reading is None and capped:
                 end_reading = engine_metrics.scrape(metrics_url)
-                extended_s = max(0.0, measured_for - plan.windows * plan.window_s)
-                stopped_on_requests = bool(capped) and not planned_done
-                if stopped_on_requests or plan.max_windows > plan.windows:
-                    locust.terminate()
+                stopped_on_requests = True
+                locust.terminate()
             if time.monotonic() - t0 > limit and not timed_out:
                 timed_out = True
                 locust.terminate()
-    if end_reading is None and start_reading is not None:  # Locust ended by itself (at the cap)
+    if end_reading is None and start_reading is not None:  # Locust ended by itself
         end_reading = engine_metrics.scrape(metrics_url)
-        extended_s = (plan.max_windows - plan.windows) * plan.window_s
     engine = engine_metrics.round_figures(start_reading, end_reading,
                                           speculative=plan.speculative != "off")
+    write_atomic(plan.run_dir / ENGINE_JSON, json.dumps(engine) + "\n")
     row = summarize(plan.run_dir, workload=plan.workload, arm=plan.arm,
                     concurrency=plan.concurrency, warmup_steps=plan.warmup_steps,
                     engine=engine, rel_to=rel_to)
     tail = locust.log_path.read_text(encoding="utf-8", errors="replace")[-2000:]
-    return StepOutcome(row, locust.returncode, timed_out, stopped_on_requests, tail,
-                       extended_s)
+    return StepOutcome(row, locust.returncode, timed_out, stopped_on_requests, tail)
 
 
 def _json(path: Path) -> dict | None:

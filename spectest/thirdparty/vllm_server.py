@@ -93,7 +93,10 @@ class VllmServerSpec:
     name: str = ""  # served model name (default: the short name or the directory's name)
     method: str = "none"  # none | ngram | draft-model
     draft: str | Path | None = None  # draft-model: None = the target's companion draft
-    k: int = 4  # num_speculative_tokens
+    k: int = 4  # num_speculative_tokens (the most any batch size drafts)
+    # num_speculative_tokens_per_batch_size: (first, last, K) inclusive batch-size ranges,
+    # K = 0 turning speculation off there (() = the same K at every batch size)
+    schedule: tuple[tuple[int, int, int], ...] = ()
     ngram_min: int = 2  # prompt_lookup_min
     ngram_max: int = 4  # prompt_lookup_max
     dtype: str = "float32"
@@ -122,16 +125,19 @@ class VllmServerSpec:
         return self.name or Path(str(self.model)).name
 
     def speculative_config(self) -> dict | None:
+        per_batch = ({"num_speculative_tokens_per_batch_size": [list(r) for r in self.schedule]}
+                     if self.schedule else {})
         if self.method == "ngram":
             return {"method": "ngram", "num_speculative_tokens": self.k,
-                    "prompt_lookup_min": self.ngram_min, "prompt_lookup_max": self.ngram_max}
+                    "prompt_lookup_min": self.ngram_min, "prompt_lookup_max": self.ngram_max,
+                    **per_batch}
         if self.method == "draft-model":
             draft = self.draft or COMPANION.get(str(self.model))
             if draft is None:
                 raise ThirdPartyError(f"draft-model speculation needs a draft for "
                                       f"{self.model!r}")
             return {"model": str(hf_checkpoint(draft, self.dtype)),
-                    "num_speculative_tokens": self.k}
+                    "num_speculative_tokens": self.k, **per_batch}
         return None
 
     def argv(self, python: Path, port: int) -> list[str]:

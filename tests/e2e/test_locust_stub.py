@@ -115,44 +115,59 @@ def test_open_loop_poisson_steps_offer_the_asked_rate(tmp_path):
     assert pd.Series(lags).quantile(0.9) < 20  # arrivals go out on schedule
 
 
-def test_web_ui_shows_live_acceptance(tmp_path):
+def test_web_ui_shows_live_acceptance_and_charts(tmp_path):
+    """The tab's table, and the charts above it: ``--speculative ab`` alternates the switch, so
+    the live series has TPOT with speculation on and off and the running step's ratio with its
+    interval (the page gets the script that draws them; a browser renders them: docs)."""
     port = free_port()
     with StubProcess(*STUB) as url:
         env = locust_env()
         proc = subprocess.Popen(
             [sys.executable, "-m", "locust", "-f", str(ROOT / "workloads" / "rag.py"),
              "--host", url, "--web-host", "127.0.0.1", "--web-port", str(port), "--autostart",
-             "--users", "2", "--run-time", "6s", "--autoquit", "1", "--scrape-interval", "1",
-             "--max-tokens", "16", "--results-dir", str(tmp_path / "out")],
+             "--steps", "2", "--step-time", "12", "--autoquit", "1", "--scrape-interval", "1",
+             "--speculative", "ab", "--max-tokens", "16", "--results-dir", str(tmp_path / "out")],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        base = f"http://127.0.0.1:{port}"
         try:
-            page = stats = csv = None
-            deadline = time.monotonic() + 20
+            page = stats = csv = charts = None
+            deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
                 time.sleep(0.5)
                 try:
-                    page = urllib.request.urlopen(f"http://127.0.0.1:{port}/").read().decode()
-                    stats = json.loads(urllib.request.urlopen(
-                        f"http://127.0.0.1:{port}/stats/requests").read())
-                    csv = urllib.request.urlopen(
-                        f"http://127.0.0.1:{port}/spectest/steps.csv").read().decode()
+                    page = urllib.request.urlopen(f"{base}/").read().decode()
+                    stats = json.loads(urllib.request.urlopen(f"{base}/stats/requests").read())
+                    csv = urllib.request.urlopen(f"{base}/spectest/steps.csv").read().decode()
+                    charts = json.loads(urllib.request.urlopen(f"{base}/spectest/live.json")
+                                        .read())
+                    script = urllib.request.urlopen(f"{base}/spectest/live.js").read().decode()
                 except OSError:
                     continue
                 live = {e["key"]: e["data"] for e in stats.get("extended_stats", [])}
                 rows = live.get("spectest") or []
-                if any(r["workload"] == "all" and r["acceptance_rate"] != "" for r in rows):
+                points = charts["workloads"].get("rag") or []
+                if any(r["workload"] == "all" and r["acceptance_rate"] != "" for r in rows) \
+                        and any(p.get("ratio") for p in points):
                     break
-            proc.wait(timeout=30)
+            proc.wait(timeout=40)
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
             proc.stdout.close()
-    assert "Speculative decoding" in page
+    assert "Speculative decoding" in page and '<script src="/spectest/live.js">' in page
+    assert "spectest-live-charts" in script
     row = next(r for r in rows if r["workload"] == "all")
     assert 0 < row["acceptance_rate"] < 1 and row["mean_accepted_length"] > 1
     assert row["requests"] > 0 and row["ttft_p50_ms"] >= 5
     assert csv.startswith("step,workload,users")
+    # the stub speculates per request as asked: on requests get several tokens a round
+    point = next(p for p in charts["workloads"]["rag"] if p.get("ratio"))
+    assert point["n_on"] >= 2 and point["n_off"] >= 2 and 0 < point["acceptance"] < 1
+    assert point["tpot_on"] < point["tpot_off"] and point["low"] < point["ratio"] < point["high"]
+    assert charts["looks"] == 2 and point["z"] > 2  # 12 s step, a look every 5 s
+    sent = [json.loads(x) for x in (tmp_path / "out" / "requests.jsonl").read_text().splitlines()]
+    assert {x["speculative"] for x in sent} == {"on", "off"}
 
 
 def test_the_last_step_ends_with_its_last_byte_not_with_a_slow_final_scrape(tmp_path):

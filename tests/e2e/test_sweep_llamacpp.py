@@ -23,7 +23,7 @@ def test_a_short_sweep_of_llama_server_finishes_and_its_report_renders(llama_pai
     out = tmp_path / "sweep"
     proc = sweep("--host", spec_url, "--baseline-host", base_url, "--workloads", "code",
                  "--steps", "1,2", "--step-time", "4", "--warmup", "0", "--max-tokens", "16",
-                 "--min-requests-per-step", "3", "--out", str(out))
+                 "--min-requests-per-step", "3", "--max-step-time", "8", "--out", str(out))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "Traceback" not in proc.stdout + proc.stderr
     steps = pd.read_csv(out / "steps.csv")
@@ -31,6 +31,7 @@ def test_a_short_sweep_of_llama_server_finishes_and_its_report_renders(llama_pai
     spec = steps[steps.arm == "spec"]
     assert (spec.acceptance_source == "llamacpp").all() and spec.acceptance_rate.notna().all()
     assert (steps.requests - steps.failures >= 3).all()  # steps ran on until they had enough
+    assert set(steps.looks) <= {1, 2} and steps.decided.notna().all()
     report = (out / "report.md").read_text()
     assert "n = " in report  # every verdict says how many requests it rests on
     assert (out / "report.html").exists() and (out / "plots" / "speedup.png").exists()

@@ -18,6 +18,12 @@ def test_defaults():
     assert o.steps == () and o.request_rates == () and o.max_tokens == 0
 
 
+def test_ab_alternates_the_switch_request_by_request():
+    o = parse("--speculative", "ab")
+    assert o.alternate and o.speculative is None and o.speculative_label == "ab"
+    assert not parse("--speculative", "on").alternate
+
+
 def test_flags_are_kebab_case_and_parsed():
     o = parse("--spectest-model", "m", "--max-tokens", "64", "--temperature", "0.7",
               "--speculative", "off", "--dataset", "rag", "--seed", "3", "--steps", "1, 2,4",

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats
 
 from spectest.report import breakpoints as bp
 from spectest.report import evidence as ev
@@ -149,14 +150,23 @@ def test_without_an_interval_the_window_band_judges_and_says_so():
     assert ev.Ratio(1, 1.02, None, None, 40, 40, tol=0.05).judgement == ev.EVEN
 
 
-def test_bootstrap_standard_error_of_a_rate_and_the_poisson_interval():
+def test_the_throughput_standard_error_is_a_closed_loops_ratio_and_the_poisson_interval():
+    # requests whose tokens are proportional to their time: the rate has no noise at all,
+    # however different their lengths (the fixed-window bootstrap saw a large spread here)
+    tokens = np.array([10.0, 90.0, 40.0, 60.0])
+    assert ev.throughput_log_se(tokens, tokens / 50.0) == pytest.approx(0.0, abs=1e-12)
+    # independent requests: ≈ sd(y − r·x) / (√n · ȳ), times t(n−1)/z
     rng = np.random.default_rng(5)
-    shares = rng.exponential(100.0, 400)  # SE of log(sum) ≈ sd/mean/√n = 1/20, given n
-    # plus the count's Poisson noise 1/√n = 1/20: √(2) / 20 in all
-    assert ev.rate_log_se(shares, 10.0) == pytest.approx(0.05 * 2 ** 0.5, rel=0.2)
-    # equal requests: no spread in size, but their number is still a noisy count
-    assert ev.rate_log_se([16.0] * 3, 4.0) == pytest.approx(3 ** -0.5, rel=1e-6)
-    assert ev.rate_log_se([5.0], 10.0) is None and ev.median_log_se([]) is None
+    x = rng.uniform(0.5, 1.5, 400)
+    y = 50 * x * np.exp(rng.normal(0, 0.2, 400))
+    r = y.sum() / x.sum()
+    want = np.std(y - r * x, ddof=1) / (20 * y.mean()) * stats.t.ppf(0.975, 399) / ev.Z
+    assert ev.throughput_log_se(y, x) == pytest.approx(want, rel=0.01)
+    # c = 4: residuals summed over the four requests sent together before they are squared
+    assert ev.throughput_log_se(y, x, 4) != pytest.approx(want, rel=1e-3)
+    assert ev.throughput_log_se([5.0, 6.0], [1.0, 1.0], 2) is None  # one cluster
+    assert ev.throughput_log_se([0.0, 0.0], [1.0, 1.0]) is None  # no tokens
+    assert ev.median_log_se([]) is None
     assert ev.median_log_se([3.0] * 30) == pytest.approx(0.0, abs=1e-12)  # no spread
     lo, hi = ev.poisson_rate_interval(10, 2.0)  # Garwood: 4.795–18.39 events → per 2 s
     assert (lo, hi) == pytest.approx((4.7954 / 2, 18.3904 / 2), rel=1e-3)

@@ -2,8 +2,12 @@
 
 The model pair comes from ``$SPECTEST_TEST_MODELS`` (a folder with ``target/`` and ``draft/``),
 default the embedded pair. One bounded sweep — two workloads, concurrency 1, 2, 4, both arms,
-1 s warm-up + 2 s per step, then the K advisor's validation arm — must produce every file of the
-sweep and of the report, with figures that agree with the runs they came from. A second sweep
+1 s warm-up + 2 s per look, up to two looks per step — must produce every file of the sweep and
+of the report, with figures that agree with the runs they came from, say which steps settled,
+and advise a schedule in every server's words (the embedded pair's speculation pays at every
+step, so the advice is the always-on arm's own configuration and no third arm runs: the
+third-arm path is ``test_sweep_runner``'s and, against real vLLM servers,
+``tests/thirdparty/test_vllm_schedule.py``'s). A second sweep
 is stopped with SIGTERM after its first step: it exits 130, keeps that step, leaves no server or
 Locust process behind, and ``spectest report`` renders it.
 """
@@ -20,6 +24,7 @@ import pandas as pd
 import pytest
 
 from spectest.engine.api import MODELS_DIR
+from spectest.sweep.summary import look_dirs
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = Path(os.environ.get("SPECTEST_TEST_MODELS", MODELS_DIR))
@@ -58,34 +63,40 @@ def processes_mentioning(text: str) -> list[int]:
 
 def test_a_short_sweep_writes_every_file(tmp_path):
     out = tmp_path / "sweep"
-    proc = subprocess.run(sweep_cmd(out, "--workloads", "chat,code", "--steps", "1,2,4"),
-                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    proc = subprocess.run(sweep_cmd(out, "--workloads", "chat,code", "--steps", "1,2,4",
+                                    "--max-step-time", "4"),
+                          capture_output=True, text=True, cwd=ROOT, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "chat · spec · c=1 · step 1/12" in proc.stdout
+    assert "chat · spec · look 1/2 · c=1 · step 1/6" in proc.stdout
     assert f"report: {out / 'report.html'}" in proc.stdout
 
     info = json.loads((out / "sweep.json").read_text())
-    assert info["status"] == "finished" and info["finished_steps"] == 15
+    assert info["status"] == "finished" and info["finished_steps"] == 12
     assert not alive(info["server"]["pid"])
     table = pd.read_csv(out / "steps.csv")
     grid = {(r.workload, r.arm, r.concurrency) for r in table.itertuples()}
     assert grid == {(w, a, c) for w in ("chat", "code") for a in ("spec", "base")
-                    for c in (1, 2, 4)} | {("chat", "spec-advised", c) for c in (1, 2, 4)}
+                    for c in (1, 2, 4)}
     assert (table.requests > 0).all() and (table.failures == 0).all()
+    # decisive steps: one or two looks each, said so, the critical value of their looks
+    assert set(table.looks) <= {1, 2} and set(table.decided) <= {"settled", "cap"}
+    assert (table[table.looks == 2].interval_z > 2.15).all()
+    for r in table[table.looks == 2].itertuples():
+        assert (out / r.run_dir / "look2" / "requests.jsonl").is_file()
+    assert (table.running_mean > 0).all() and (table.running_max <= table.concurrency).all()
     assert (table.output_tokens_per_s > 0).all() and (table.verify_ms_per_round > 0).all()
     spec, base = table[table.arm == "spec"], table[table.arm == "base"]
     assert (spec.k == 4).all() and (spec.drafts > 0).all() and (spec.draft_ms_per_round > 0).all()
     assert (base.drafts == 0).all() and base.acceptance_rate.isna().all()
     assert (spec.acceptance_source == "spectest").all()
-    for r in table.itertuples():  # each row summarises its own Locust folder
-        run = out / r.run_dir
-        sent = [json.loads(x) for x in (run / "requests.jsonl").read_text().splitlines()]
+    for r in table.itertuples():  # each row summarises its own Locust folders (its looks)
+        sent = [json.loads(x) for run in look_dirs(out / r.run_dir)
+                for x in (run / "requests.jsonl").read_text().splitlines()]
         assert r.requests == sum(1 for x in sent if x["step"] >= 1)
         assert {x["speculative"] for x in sent} == {"off" if r.arm == "base" else "on"}
 
     for name in ("report.html", "report.md", "breakpoints.csv", "k_advice.csv", "cost.csv",
-                 "k_profile.json", "k_profile_validation.json", "server.log",
-                 "server-advised.log"):
+                 "k_profile.json", "schedule.json", "server.log"):
         assert (out / name).stat().st_size > 0, name
     assert {p.stem for p in (out / "plots").glob("*.png")} == FIGURES
     md = (out / "report.md").read_text()
@@ -100,12 +111,19 @@ def test_a_short_sweep_writes_every_file(tmp_path):
     assert set(bps.kind) == {"crossover_tpot", "crossover_throughput", "slo", "knee",
                              "max_goodput"}
     advice = pd.read_csv(out / "k_advice.csv")
-    assert set(advice.workload) == {"chat", "code"} and advice.validated_speedup.notna().any()
+    assert set(advice.workload) == {"chat", "code"}
+    assert "## Configuration: the schedule in each server's words" in md
+    assert "Settled:" in md and "repeated confidence intervals" in md
+    schedules = json.loads((out / "schedule.json").read_text())["schedules"]
+    assert [s["name"] for s in schedules] == ["chat", "code", "mix"]
+    for s in schedules:  # in every flavour's words, whatever the verdict
+        assert set(s["flags"]) == {"spectest", "vllm", "sglang", "llamacpp"}
 
 
 def test_sigterm_keeps_finished_steps_and_cleans_up(tmp_path):
     out = tmp_path / "stopped"
-    proc = subprocess.Popen(sweep_cmd(out, "--workloads", "chat", "--steps", "1,2,4"),
+    proc = subprocess.Popen(sweep_cmd(out, "--workloads", "chat", "--steps", "1,2,4",
+                                      "--max-step-time", "2"),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=ROOT)
     try:
@@ -140,7 +158,8 @@ def test_a_disaggregated_sweep_measures_the_network_term(tmp_path):
     network milliseconds per round, the report states the term, both servers are gone after."""
     out = tmp_path / "disaggregated"
     proc = subprocess.run(sweep_cmd(out, "--workloads", "chat", "--steps", "1,2",
-                                    "--disaggregated", "--validate-k", "off"),
+                                    "--disaggregated", "--verify-advice", "off",
+                                    "--max-step-time", "2"),
                           capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     info = json.loads((out / "sweep.json").read_text())

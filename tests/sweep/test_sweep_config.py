@@ -1,6 +1,7 @@
 """``spectest sweep`` options: step plans, defaults, and one readable line for bad input."""
 
 import argparse
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -39,7 +40,8 @@ def test_bad_steps(steps, top, message):
 
 def test_defaults_are_the_embedded_readme_sweep():
     c = cfg()
-    assert c.embedded and c.validate_k and c.workloads == ("chat", "code", "rag")
+    assert c.embedded and c.verify_advice and c.workloads == ("chat", "code", "rag")
+    assert c.looks == 3 and c.objective == "both"  # up to 3 looks of 10 s until settled
     assert c.steps == (1, 2, 4, 8) and c.arms == ("spec", "base")
     assert c.slo == C.EMBEDDED_SLO and c.max_prompt_chars == 0  # every record fits
     assert c.windows == 3 and c.window_s == pytest.approx(10 / 3)  # warm-up + 3 windows
@@ -49,7 +51,7 @@ def test_defaults_are_the_embedded_readme_sweep():
 
 def test_external_hosts_have_no_default_slo_or_validation():
     c = cfg("--host", "http://gpu:8000/", "--baseline-host", "http://gpu:8001")
-    assert not c.embedded and not c.validate_k and not c.slo.any
+    assert not c.embedded and not c.verify_advice and not c.slo.any
     assert (c.host, c.baseline_host, c.max_prompt_chars) == ("http://gpu:8000",
                                                              "http://gpu:8001", 0)
     assert cfg("--host", "http://x", "--slo-tpot-ms", "50").slo.tpot_p99_ms == 50
@@ -62,6 +64,32 @@ def test_report_options_default_and_land_in_the_sweep_json_config():
             "--spec-price-per-hour", "2.75", "--target-rps", "12").to_json()
     assert (j["min_requests_per_step"], j["price_per_hour"], j["spec_price_per_hour"],
             j["target_rps"], j["target_output_tps"]) == (50, 2.5, 2.75, 12, None)
+
+
+def test_advice_options_land_in_the_sweep_json_config():
+    j = cfg("--objective", "throughput", "--mix", "chat=3,code=1",
+            "--speculative-config", '{"method": "ngram"}', "--max-step-time", "40").to_json()
+    assert (j["objective"], j["mix"], j["speculative_config"]) == (
+        "throughput", "chat=3,code=1", '{"method": "ngram"}')
+    assert (j["max_step_time_s"], j["looks"]) == (40, 4)
+    assert cfg("--max-step-time", "10").looks == 1
+
+
+def test_the_advised_schedule_comes_from_a_schedule_json(tmp_path):
+    path = tmp_path / "schedule.json"
+    path.write_text(json.dumps({"schedules": [
+        {"name": "code", "status": "schedule", "k": 4, "ranges": [[1, 3, 4], [4, 8, 0]]},
+        {"name": "mix", "status": "always", "k": 4, "ranges": [[1, 8, 4]]}]}))
+    hosts = ("--host", "http://a", "--baseline-host", "http://b", "--advised-host", "http://c")
+    assert cfg(*hosts, "--advised-schedule", str(path)).advised_schedule["name"] == "mix"
+    code = cfg(*hosts, "--advised-schedule", f"{path}:code").to_json()["advised_schedule"]
+    assert code["ranges"] == [[1, 3, 4], [4, 8, 0]]
+    with pytest.raises(C.ConfigError, match="no schedule named 'rag'"):
+        cfg(*hosts, "--advised-schedule", f"{path}:rag")
+    with pytest.raises(C.ConfigError, match="cannot read a schedule.json"):
+        cfg(*hosts, "--advised-schedule", str(tmp_path / "nope.json"))
+    with pytest.raises(C.ConfigError, match="give both"):
+        cfg("--advised-schedule", str(path))
 
 
 def test_windows_split_the_measured_time_by_the_warmup_length():
@@ -79,6 +107,13 @@ def test_windows_split_the_measured_time_by_the_warmup_length():
     (["--step-time", "0"], "--step-time must be positive"),
     (["--slo-tpot-ms", "-1"], "--slo-tpot-ms must be positive"),
     (["--host", "http://x", "--validate-k", "on"], "needs --embedded"),
+    (["--host", "http://x", "--verify-advice", "on"], "--advised-host"),
+    (["--host", "http://x", "--advised-host", "http://y"], "needs --host and --baseline-host"),
+    (["--step-time", "10", "--max-step-time", "5"], "at least --step-time"),
+    (["--verify-workloads", "mixed"], "--verify-workloads must name"),
+    (["--mix", "chat=1,math=2"], "math, which the sweep did not measure"),
+    (["--mix", "chat"], "workload=weight"),
+    (["--speculative-config", "[1]"], "JSON object"),
     (["--min-requests-per-step", "0"], "--min-requests-per-step must be at least 1"),
     (["--spec-price-per-hour", "2"], "needs --price-per-hour"),
     (["--target-rps", "5", "--target-output-tps", "100"], "not both"),

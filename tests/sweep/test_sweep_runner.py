@@ -1,5 +1,6 @@
-"""The sweep's control flow on synthetic steps: arm order, early stop past saturation, and an
-interruption that keeps every finished step.
+"""The sweep's control flow on synthetic steps: arm order, early stop past saturation, decisive
+steps (another look until the verdict is settled, or the cap), and an interruption that keeps
+every finished step.
 
 ``SweepRunner`` takes its step function as an argument; here it returns rows computed from a
 saturating server model (throughput grows with concurrency up to a capacity, then stays flat
@@ -59,13 +60,14 @@ def runner(tmp_path, monkeypatch):
     monkeypatch.setattr(run_mod, "detect_flavour", lambda url: flavours.SPECTEST)
 
     def make(steps=(1, 2, 4, 8, 16, 32, 64), workloads=("chat", "code"), interrupt_at=None,
-             **kw):
+             fake=None, pool_fn=None, **kw):
+        kw.setdefault("max_step_time_s", 2)  # one look per step unless a test asks for more
         cfg = SweepConfig(out=tmp_path / "sweep", workloads=workloads, steps=steps,
-                          embedded=False, host="http://127.0.0.1:1", validate_k=False,
+                          embedded=False, host="http://127.0.0.1:1", verify_advice=False,
                           step_time_s=2, warmup_s=1, **kw)
-        fake = FakeSteps(interrupt_at)
+        fake = fake or FakeSteps(interrupt_at)
         return run_mod.SweepRunner(cfg, Display(Console(file=open("/dev/null", "w"))),
-                                   step_fn=fake), fake
+                                   step_fn=fake, pool_fn=pool_fn), fake
     return make
 
 
@@ -117,3 +119,112 @@ def test_an_existing_sweep_is_never_overwritten(runner):
     again, _ = runner(steps=(1,), workloads=("chat",))
     result = again.run()
     assert result.status == "failed" and "already holds a sweep" in result.message
+
+
+class NoisySteps(FakeSteps):
+    """Rows with an interval that shrinks as looks add up: speculation 20 % ahead at c=1
+    (clear from the first look) and 4 % ahead at c=2 (inside the even band only once its
+    interval is narrow)."""
+
+    SE = 0.09  # per look and arm, on both metrics
+
+    def __call__(self, plan, on_live=None, rel_to=None):
+        self.plans.append(plan)
+        gain = {1: 1.2, 2: 1.04}[plan.concurrency] if plan.arm == "spec" else 1.0
+        row = {"workload": plan.workload, "arm": plan.arm, "concurrency": plan.concurrency,
+               "requests": 30, "failures": 0, "tpot_p50_ms": 10.0 / gain,
+               "output_tokens_per_s": 100.0 * gain, "tpot_p50_log_se": self.SE,
+               "output_tokens_per_s_log_se": self.SE, "run_dir": str(plan.run_dir)}
+        return StepOutcome(row, 0, False, False, "")
+
+
+def pool_looks(run_dir, outcomes, **kw):
+    """n looks pooled: the same figures, n times the requests, the SE over √n."""
+    row = dict(outcomes[-1].row)
+    n = len(outcomes)
+    row.update(requests=30 * n, tpot_p50_log_se=NoisySteps.SE / n ** 0.5,
+               output_tokens_per_s_log_se=NoisySteps.SE / n ** 0.5)
+    return row
+
+
+def test_a_step_runs_more_looks_until_its_verdicts_are_settled_or_the_cap(runner):
+    r, fake = runner(steps=(1, 2), workloads=("chat",), patience=0, fake=NoisySteps(),
+                     pool_fn=pool_looks, max_step_time_s=8)  # up to 4 looks of 2 s
+    assert r.cfg.looks == 4
+    result = r.run()
+    assert result.status == "finished"
+    looks = [(p.arm, p.concurrency, p.run_dir.name) for p in fake.plans]
+    # c=1: 1.2× has an interval of 1.2·exp(±z·0.09·√(2/n)): z = 2.37 at looks 1 and 2 keeps
+    # its low end under 1.0× (0.86×, 0.97×); look 3 (z 2.36, n 3): 1.01×–1.43×, ahead on both
+    # metrics, settled. c=2: 1.04× needs the interval inside 0.91–1.10: not before the cap
+    assert looks[:6] == [("spec", 1, "c1"), ("base", 1, "c1"), ("base", 1, "look2"),
+                         ("spec", 1, "look2"), ("spec", 1, "look3"), ("base", 1, "look3")]
+    assert [x for x in looks if x[1] == 2][-1][2] == "look4"
+    table = pd.read_csv(result.folder / "steps.csv")
+    one = table[table.concurrency == 1].iloc[0]
+    two = table[table.concurrency == 2].iloc[0]
+    assert (one.looks, one.decided) == (3, "settled") and (two.looks, two.decided) == (4, "cap")
+    from spectest.report import sequential
+    assert one.interval_z == pytest.approx(sequential.critical_values(4)[2], abs=1e-3)
+    assert two.interval_z == pytest.approx(sequential.critical_values(4)[3], abs=1e-3)
+
+
+class CrossingSteps(FakeSteps):
+    """Speculation clearly ahead at c=1 and 2, clearly behind at c=4 (a crossover between 2
+    and 4); the server's gauge reads 0.9 × c. The advised arm runs on its own URL."""
+
+    def __call__(self, plan, on_live=None, rel_to=None):
+        self.plans.append(plan)
+        gain = {1: 1.5, 2: 1.3, 4: 0.7}[plan.concurrency]
+        advised_on = plan.host.endswith(":2") and 0.9 * plan.concurrency <= 2  # its schedule
+        on = plan.arm in ("spec", "verify-on") or advised_on
+        tpot = 10.0 / gain if on else 10.0
+        row = {"workload": plan.workload, "arm": plan.arm, "concurrency": plan.concurrency,
+               "k": 4 if on else None, "requests": 40, "failures": 0, "tpot_p50_ms": tpot,
+               "output_tokens_per_s": 1000.0 / tpot, "tpot_p50_log_se": 0.02,
+               "output_tokens_per_s_log_se": 0.02, "drafts": 100 if on else 0,
+               "draft_tokens": 400 if on else 0, "running_mean": 0.9 * plan.concurrency,
+               "running_min": 0.5 * plan.concurrency, "running_max": plan.concurrency,
+               "run_dir": str(plan.run_dir)}
+        return StepOutcome(row, 0, False, False, "")
+
+
+class FakeServer:
+    started: list = []
+
+    def __init__(self, args, log_path, **kw):
+        self.args = list(args)
+        FakeServer.started.append(self.args)
+
+    def __enter__(self):
+        return f"http://127.0.0.1:{len(FakeServer.started)}"
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_the_advised_schedule_runs_beside_fresh_on_and_off_arms(tmp_path, monkeypatch):
+    monkeypatch.setattr(run_mod, "check_server", lambda url: "fake-model")
+    monkeypatch.setattr(run_mod, "detect_flavour", lambda url: flavours.SPECTEST)
+    FakeServer.started = []
+    cfg = SweepConfig(out=tmp_path / "sweep", workloads=("chat",), steps=(1, 2, 4),
+                      embedded=True, verify_advice=True, step_time_s=2, warmup_s=1,
+                      max_step_time_s=2, patience=0)
+    fake = CrossingSteps()
+    r = run_mod.SweepRunner(cfg, Display(Console(file=open("/dev/null", "w"))), step_fn=fake,
+                            server_factory=FakeServer)
+    assert r.run().status == "finished"
+    main, advised = FakeServer.started
+    # the TPOT crossover at c ≈ 2.8 (between 2 and 4) is batch ≈ 2.5: K 4 up to batch 2
+    assert advised[-4:] == ["--k", "4", "--disable-above", "2"] and "--k" not in advised[:-4]
+    table = pd.read_csv(tmp_path / "sweep" / "steps.csv")
+    verified = table[table.arm.isin(["verify-on", "verify-off", "spec-advised"])]
+    assert sorted(set(verified.arm)) == ["spec-advised", "verify-off", "verify-on"]
+    assert sorted(verified.concurrency.unique()) == [1, 2, 4]
+    info = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
+    assert info["advice_verified"]["ranges"] == [[1, 2, 4], [3, 4, 0]]
+    md = Path(render_report(tmp_path / "sweep").markdown).read_text()
+    assert "## Verification: the advice, run" in md and "beside fresh always-on and off" in md
+    # at c=4 the advised server (no speculation above batch 2) is as good as off, the better
+    line = next(x for x in md.splitlines() if x.startswith("| chat | 4 |"))
+    assert "vs off" in line and "as good as the better arm" in line and "K 4 → off" in line

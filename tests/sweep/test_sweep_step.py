@@ -1,27 +1,36 @@
-"""One real sweep step (a headless Locust process against the stub server): a step whose planned
-time holds too few requests runs on, window by window, until the report's minimum is met."""
+"""One real look of a sweep step (a headless Locust process against the stub server): it samples
+the server's running-requests gauge every second and keeps its engine figures beside its files,
+and a second look in ``look2`` is pooled into the same row."""
 
 import json
 
 from spectest.loadgen.runner import StubProcess
-from spectest.sweep.step import EXTEND, StepPlan, run_step
+from spectest.sweep.step import StepPlan, run_step
+from spectest.sweep.summary import summarize
 
 
-def plan(url, tmp_path, min_requests: int) -> StepPlan:
-    return StepPlan("chat", "spec", 1, url, "on", tmp_path / f"m{min_requests}", window_s=1.5,
-                    windows=1, warmup=False, max_tokens=8, min_requests=min_requests,
-                    stop_timeout_s=5)
+def plan(url, run_dir, c: int = 3) -> StepPlan:
+    return StepPlan("chat", "spec", c, url, "on", run_dir, window_s=2.0, windows=1,
+                    warmup=True, max_tokens=16, stop_timeout_s=5)
 
 
-def test_a_step_extends_until_it_has_enough_requests(tmp_path):
-    # every request takes ~0.5 s (8 tokens, one every 60 ms): ~3 fit the planned 1.5 s
-    with StubProcess("--ttft-ms", "60", "--itl-ms", "60", "--spec-k", "0") as url:
-        short = run_step(plan(url, tmp_path, 0))
-        long = run_step(plan(url, tmp_path, 10))
-    assert short.extended_s == 0 and short.row["requests"] <= 6
-    assert long.row["requests"] - long.row["failures"] >= 10
-    assert 0 < long.extended_s <= EXTEND * 1.5
-    assert long.row["duration_s"] > short.row["duration_s"] + 1
+def test_a_look_samples_the_running_gauge_and_a_second_look_is_pooled(tmp_path):
+    # every request takes ~0.4 s (16 tokens, a round every 40 ms): 3 users keep 3 running
+    with StubProcess("--ttft-ms", "40", "--itl-ms", "40", "--spec-k", "0") as url:
+        first = run_step(plan(url, tmp_path / "c3"))
+        second = run_step(plan(url, tmp_path / "c3" / "look2"))
+    assert first.returncode == 0, first.log_tail
+    row = first.row
+    assert row["running_samples"] >= 1 and 2 <= row["running_mean"] <= 3
+    assert row["running_max"] <= 3 and row["looks"] == 1
+    assert json.loads((tmp_path / "c3" / "engine.json").read_text()) is not None
+    pooled = summarize(tmp_path / "c3", workload="chat", arm="spec", concurrency=3,
+                       warmup_steps=1, rel_to=tmp_path)
+    assert pooled["looks"] == 2 and pooled["windows"] == 2
+    assert pooled["requests"] == row["requests"] + second.row["requests"]
+    assert pooled["duration_s"] == round(row["duration_s"] + second.row["duration_s"], 3)
+    assert pooled["running_samples"] == row["running_samples"] + second.row["running_samples"]
+    assert pooled["run_dir"] == "c3"
 
 
 def test_processes_split_the_users_over_locust_workers_and_keep_one_result(tmp_path):

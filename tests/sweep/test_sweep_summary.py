@@ -70,8 +70,8 @@ def test_step_row_uses_only_the_measured_windows(run_dir):
     assert row["goodput_tokens_per_s"] == pytest.approx(25 / 4)
 
 
-def test_interval_columns_are_bootstrap_standard_errors_of_the_logs(run_dir):
-    row = summarize(run_dir, workload="chat", arm="spec", concurrency=2, warmup_steps=1)
+def test_interval_columns_are_standard_errors_of_the_logs(run_dir):
+    row = summarize(run_dir, workload="chat", arm="spec", concurrency=1, warmup_steps=1)
     # TPOT of the two measured successes: 1000/9 and 2000/9 ms. Resampling two values gives
     # medians a, (a+b)/2, b with probabilities 1/4, 1/2, 1/4: SD of the log ≈ 0.245.
     a, b = math.log(1000 / 9), math.log(2000 / 9)
@@ -79,8 +79,16 @@ def test_interval_columns_are_bootstrap_standard_errors_of_the_logs(run_dir):
     mean = (a + 2 * m + b) / 4
     sd = math.sqrt(((a - mean) ** 2 + 2 * (m - mean) ** 2 + (b - mean) ** 2) / 4)
     assert row["tpot_p50_log_se"] == pytest.approx(sd, rel=0.1)
-    for col in ("output_tokens_per_s_log_se", "goodput_tokens_per_s_log_se"):
-        assert row[col] > 0
+    # throughput: the ratio estimator over the two successes (10 tokens in 1.1 s, 10 in 2.2 s):
+    # r = 20 / 3.3, residuals ±10/3, two clusters of one: se = √(2·(10/3)²·2) / 20 = 1/3,
+    # times t(0.975, 1 df) / z = 12.706 / 1.96 for the small sample
+    t1 = 12.7062047 / 1.959964
+    assert row["output_tokens_per_s_log_se"] == pytest.approx(t1 / 3, rel=1e-5)
+    # goodput: the second missed its SLO (0 tokens): residuals ±20/3 → se = 4/3
+    assert row["goodput_tokens_per_s_log_se"] == pytest.approx(t1 * 4 / 3, rel=1e-5)
+    # at concurrency 2 the two requests ran together: one cluster, no interval
+    two = summarize(run_dir, workload="chat", arm="spec", concurrency=2, warmup_steps=1)
+    assert two["output_tokens_per_s_log_se"] is None and two["tpot_p50_log_se"] > 0
     # a step with a single success has nothing to resample: the columns stay empty
     lines = (run_dir / "requests.jsonl").read_text().splitlines()
     (run_dir / "requests.jsonl").write_text("\n".join(lines[:2]) + "\n")

@@ -19,6 +19,7 @@ def test_a_short_sweep_of_vllm_finishes_with_verdicts(vllm, tmp_path):
                            "--baseline-host", vllm.plain, "--workloads", "code",
                            "--steps", "1,2", "--step-time", "5", "--warmup", "0",
                            "--max-tokens", "32", "--min-requests-per-step", "3",
+                           "--max-step-time", "10",
                            "--out", str(out)],
                           capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

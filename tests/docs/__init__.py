@@ -1,0 +1,1 @@
+"""The documentation run as tests: tests.docs.harness."""
