@@ -25,7 +25,9 @@ SCRIPTS = {
     "scripts/smollm2_example.sh": ("scripts/smollm2_example.sh {out} ngram+eagle", ""),
 }
 # scripts a page names that no block runs and that need no short mode of their own
-COVERED = {"scripts/setup.sh": "scripts/demo.sh runs it (README), scripts/test.sh in CI"}
+COVERED = {"scripts/setup.sh": "scripts/demo.sh runs it (README), scripts/test.sh in CI",
+           "scripts/vllm_schedule_example.py": "tests/thirdparty/test_vllm_schedule.py runs its "
+                                               "steps (three vLLM servers: too long to run twice)"}
 SCRIPT_NAME = re.compile(r"scripts/[A-Za-z0-9_.-]+\.(?:sh|py)")
 
 
