@@ -31,6 +31,8 @@ from spectest.audit.samples import (AuditError, Completion, ServerFailure, parse
                                    whole_tokens)
 
 WORKLOAD_HEADER = "X-Spectest-Workload"
+# what a kept-alive connection closed under a request raises (sent again once)
+STALE_CONNECTION = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,7 @@ class Client:
         self.routes = Routes(None)
         self.requests = 0
         self.requests_ok = 0  # answered without an error
+        self.resent = 0  # requests sent again after a kept-alive connection was closed
 
     @property
     def role(self) -> str:
@@ -111,7 +114,8 @@ class Client:
         """One JSON request; ``quiet_status``: statuses returned as ``{"_status": N, ...}``
         instead of raised (probes read a refusal as an answer)."""
         url = self.base + path
-        for attempt in range(self._retries + 1):
+        attempt, resent = 0, False
+        while True:
             try:
                 async with self._sem:
                     self.requests += 1
@@ -131,10 +135,18 @@ class Client:
                                     f"{self._timeout.total:.0f} s", self.role, path,
                                     body) from None
             except aiohttp.ClientError as exc:
+                if isinstance(exc, STALE_CONNECTION) and not resent:
+                    # a kept-alive connection the server closed as the request went out
+                    # (uvicorn drops idle ones after 5 s): sent once more on a new one; a
+                    # server that breaks the connection on the request itself does it again
+                    resent = True
+                    self.resent += 1
+                    continue
                 raise ServerFailure(f"{self.where} broke the connection on {path}: "
                                     f"{type(exc).__name__}", self.role, path, body) from None
             if status in (429, 503) and attempt < self._retries:
                 await asyncio.sleep(min(5.0, float(retry_after or 0.5 * 2 ** attempt)))
+                attempt += 1
                 continue
             break
         try:
