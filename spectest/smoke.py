@@ -8,7 +8,7 @@ given but shrink what they measure:
 * ``spectest sweep`` — the last workload given only (rag by default: the longest prompts, where
   a server's context is too short), the first concurrency step only, 2 s per step and arm, no
   warm-up, at most 16 output tokens per request, a step ends once 2 measured requests have
-  finished, no K-validation arm;
+  finished, one look per step (no sequential looks), no K-validation arm;
 * Locust with spectest's flags (``--steps`` / ``--request-rates``) — 2 s per step;
 * ``spectest audit`` — 2 prompts, 8 greedy tokens, 2 sampled continuations of 8 tokens each;
 * ``spectest profile`` — batch sizes 1 and 2, K up to 2, 2 timed rounds;
@@ -59,12 +59,13 @@ def sweep_args(args) -> None:
         args.workloads = given[-1]
     args.steps, args.max_concurrency = first, 0
     args.step_time, args.warmup = min(args.step_time, STEP_S), 0.0
+    args.max_step_time = args.step_time  # one look: a smoke run settles nothing
     args.requests_per_step = SWEEP_REQUESTS
     args.max_tokens = min(args.max_tokens or SWEEP_TOKENS, SWEEP_TOKENS)
     args.verify_advice = "off"
     note("spectest sweep", f"workload {args.workloads} and concurrency {first} only, "
-                           f"{STEP_S:g} s per step, no warm-up, {args.max_tokens} tokens per "
-                           f"request")
+                           f"one look of {STEP_S:g} s per step, no warm-up, {args.max_tokens} "
+                           f"tokens per request")
 
 
 def audit_overrides() -> dict:

@@ -20,6 +20,7 @@ def test_off_by_default(monkeypatch):
     args = _sweep_args("--steps", "1,2,4", "--step-time", "30")
     smoke.sweep_args(args)
     assert (args.steps, args.step_time, args.verify_advice) == ("1,2,4", 30.0, "auto")
+    assert args.max_step_time is None
     assert smoke.audit_overrides() == {} and smoke.locust_step_time(30.0) == 30.0
     monkeypatch.setenv(smoke.ENV, "0")
     assert not smoke.active()
@@ -31,6 +32,7 @@ def test_sweep_keeps_its_flags_at_token_sizes(monkeypatch, capsys):
     smoke.sweep_args(args)
     cfg = sweep_config.SweepConfig.from_args(args, "now")
     assert cfg.steps == (2,) and cfg.step_time_s == smoke.STEP_S and cfg.warmup_s == 0
+    assert cfg.max_step_time_s == cfg.step_time_s  # one look per step
     assert cfg.requests_per_step == smoke.SWEEP_REQUESTS and not cfg.verify_advice
     assert cfg.max_tokens == smoke.SWEEP_TOKENS and cfg.workloads == ("rag",)
     assert "SPECTEST_SMOKE is set" in capsys.readouterr().err

@@ -64,7 +64,7 @@ def test_speculative_llama_server_passes_every_check_on_its_routes(llama_pair, t
     assert "noise floor" in summary and "route:" in summary
 
 
-FULL = ["--profile", "full", "--load-prompts", "3", "--load-concurrency", "2",
+FULL = ["--profile", "full", "--load-prompts", "2", "--load-concurrency", "2",
         "--prefix-prompts", "3", "--prefix-tokens", "200", "--long-tokens", "280",
         "--long-prompts", "1", "--long-prompt-tokens", "400", "--turns", "2",
         "--params-prompts", "2", "--params-samples", "3", "--params-tokens", "12",
