@@ -79,7 +79,7 @@ from spectest import files, procs  # noqa: E402
 from spectest.loadgen.datasets import load_dataset  # noqa: E402
 from spectest.loadgen.runner import LocustRun, run_locust  # noqa: E402
 from spectest.report import peer_aiperf, peer_guidellm  # noqa: E402
-from spectest.report.peers import PeerError  # noqa: E402
+from spectest.report.peer_step import PeerError  # noqa: E402
 from spectest.thirdparty import cache_root  # noqa: E402
 from spectest.thirdparty.vllm_server import VllmServer, VllmServerSpec, hf_checkpoint  # noqa: E402
 

@@ -21,7 +21,6 @@ import asyncio
 import json
 import time
 from dataclasses import asdict, replace
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -29,11 +28,9 @@ from spectest.audit import collect, distribution_check, failures, greedy, logpro
 from spectest.audit.client import Client, Routes
 from spectest.audit.distribution import SamplingSpec
 from spectest.audit.prompts import tokenize
+from spectest.audit.run import AuditRun
 from spectest.audit.samples import AuditError, PromptCase
 from spectest.audit.settings import AuditSettings
-
-if TYPE_CHECKING:  # runner imports this module
-    from spectest.audit.runner import AuditRun
 
 
 async def preflight(s: AuditSettings, cand: Client, base: Client, records: list,

@@ -1,6 +1,6 @@
 """The verdict and what it is written to: exit code, JSON report, JUnit XML, human summary.
 
-Owns: turning an :class:`~spectest.audit.runner.AuditRun` into one outcome per check
+Owns: turning an :class:`~spectest.audit.run.AuditRun` into one outcome per check
 (pass / fail / not run, a one-line summary and, on failure, a pointer at the likely cause) —
 the base condition's checks, then each further condition's, named ``condition: check`` — the
 "serving" outcome (the candidate failed a request the baseline served: a finding), the exit
@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from spectest.audit import noise
-from spectest.audit.runner import AuditRun
+from spectest.audit.run import AuditRun
 from spectest.audit.summary import summary_text
 
 SCHEMA = 1

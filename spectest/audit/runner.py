@@ -19,15 +19,15 @@ import asyncio
 import contextlib
 import sys
 import time
-from dataclasses import dataclass, field
 
 from spectest.audit import base as base_condition
-from spectest.audit import conditions, distribution_check, failures, greedy, logprobs, noise
+from spectest.audit import conditions, failures, logprobs
 from spectest.audit.client import Client, Endpoint
 from spectest.audit.conditions.common import Context, revive
 from spectest.audit.prompts import load_records
 from spectest.audit.reproducer import Saver
-from spectest.audit.samples import AuditError, Completion, PromptCase, ServerFailure
+from spectest.audit.run import AuditRun
+from spectest.audit.samples import AuditError, ServerFailure
 from spectest.audit.servers import ServerProcess, ServerSpec
 from spectest.audit.settings import EMBEDDED, AuditSettings
 
@@ -35,36 +35,6 @@ CALIBRATION_PROMPTS = 8  # greedy runs that measure the noise floor when base is
 # how long each condition takes against the base one (bundled engine, default sizes): the ETA
 WEIGHT = {"base": 1.0, "load": 0.6, "prefix-reuse": 0.4, "long": 0.8, "params": 1.0,
           "preemption": 0.5}
-
-
-@dataclass
-class AuditRun:
-    """Everything the report needs; filled phase by phase."""
-
-    settings: AuditSettings
-    endpoints: dict = field(default_factory=dict)
-    cases: list[PromptCase] = field(default_factory=list)
-    greedy: greedy.GreedyResult | None = None
-    logprobs: logprobs.LogprobResult | None = None
-    distribution: distribution_check.DistributionResult | None = None
-    error: str | None = None  # why the audit could not run (exit 2)
-    interrupted: bool = False
-    notes: list[str] = field(default_factory=list)
-    timings: dict = field(default_factory=dict)
-    speculation: dict = field(default_factory=dict)  # the candidate's spec totals by phase
-    diffs: list[logprobs.PositionDiff] = field(default_factory=list)
-    routes: dict = field(default_factory=dict)  # per check: how it ran, in words
-    noise_floor: noise.NoiseFloor | None = None  # the baseline against itself
-    tolerances: dict = field(default_factory=dict)  # the ones applied (after widening)
-    coverage: dict = field(default_factory=dict)  # positions seen / left out, and why
-    failure: failures.CandidateFailure | None = None  # a request the baseline served, failed
-    greedy_runs: list[Completion] = field(default_factory=list)  # the candidate's, base
-    sampled_runs: list[Completion] = field(default_factory=list)
-    alpha: float = 0.0  # the level of each statistical test (alpha / their number)
-    tests: int = 0  # statistical tests planned
-    conditions: list = field(default_factory=list)  # ConditionResult, after base
-    findings: list[failures.CandidateFailure] = field(default_factory=list)  # all of them
-    reproducers: list[str] = field(default_factory=list)
 
 
 def endpoints_for(settings: AuditSettings, urls: dict[str, str]) -> tuple[Endpoint, Endpoint]:

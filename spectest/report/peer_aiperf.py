@@ -1,4 +1,4 @@
-"""NVIDIA AIPerf (0.13) result folders as ``peers.PeerStep``s.
+"""NVIDIA AIPerf (0.13) result folders as ``peer_step.PeerStep``s.
 
 Owns AIPerf's layout and names. A run is a folder with ``profile_export_aiperf.json`` (the
 aggregates, its ``input_config`` and ``run_info``) and, with ``--export-level records`` (or
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from spectest.report.peers import (
+from spectest.report.peer_step import (
     NO_SPECULATION,
     REQUEST_COLUMNS,
     PeerError,

@@ -1,4 +1,4 @@
-"""GuideLLM (0.8) results files as ``peers.PeerStep``s.
+"""GuideLLM (0.8) results files as ``peer_step.PeerStep``s.
 
 Owns GuideLLM's layout and names. ``guidellm run --output kind=json,path=…`` writes one file
 (``benchmarks.json``, or ``.yaml``) holding every benchmark of the run — one per profile
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from spectest.report.peers import NO_SPECULATION, REQUEST_COLUMNS, PeerError, PeerStep
+from spectest.report.peer_step import NO_SPECULATION, REQUEST_COLUMNS, PeerError, PeerStep
 
 SUFFIXES = (".json", ".yaml", ".yml")
 MARK = "guidellm_version"  # in the first lines of a results file (metadata)

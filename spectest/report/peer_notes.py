@@ -18,14 +18,13 @@ from pathlib import Path
 import pandas as pd
 
 from spectest import files
-from spectest.report.peers import NO_SPECULATION
+from spectest.report.peer_step import ARM_NAMES, NO_SPECULATION
 from spectest.report.table import STEPS_CSV, SWEEP_JSON, SLO, SweepError
 
 ALWAYS = ("{tools} files carry no measured sub-windows, server counters or engine-round "
           "timings, host load or load-generator CPU: the ± windows, engine-round, busy-machine "
           "and load-generator columns are empty, and acceptance is the responses' own "
           "(source `client`).")
-ARM_NAMES = {"spec": "speculative", "base": "baseline"}
 
 
 def _where(names: list[str]) -> str:

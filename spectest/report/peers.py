@@ -18,58 +18,27 @@ without a concurrency level (a request-rate run) is left out, with a note: spect
 are per concurrency.
 
 Does not know: the tools' file layouts (``peer_aiperf``, ``peer_guidellm``), HTTP, plotting.
+The types every reader shares are ``peer_step``'s.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from spectest.report import evidence
-from spectest.report.table import COLUMNS, LATENCIES, PERCENTILES, SLO, Sweep, SweepError
+from spectest.report import evidence, peer_aiperf, peer_guidellm, peer_notes
+from spectest.report.peer_step import ARM_NAMES, PeerError, PeerStep, positions
+from spectest.report.table import COLUMNS, LATENCIES, PERCENTILES, SLO, Sweep
 
 TOOLS = ("aiperf", "guidellm")
 TOOL_NAMES = {"aiperf": "NVIDIA AIPerf", "guidellm": "GuideLLM"}
-REQUEST_COLUMNS = ("started_at", "ended_at", "ok", "ttft_ms", "tpot_ms", "e2el_ms",
-                   "output_tokens", "chunks", "itl_ms", "drafts", "draft_tokens",
-                   "accepted_tokens", "k", "histogram")
-ARM_NAMES = {"spec": "speculative", "base": "baseline"}
-NO_SPECULATION = ("no acceptance: the responses carried no per-request speculation (vLLM's "
-                  "metrics.speculative_decoding), so acceptance, mean accepted length, "
-                  "per-position acceptance and the K advisor are empty")  # not said of a baseline
-
-
-class PeerError(SweepError):
-    """A peer folder that cannot be read; the message is one line for the user."""
-
-
-@dataclass(frozen=True)
-class PeerStep:
-    """One run of a peer tool at one concurrency, as its files describe it."""
-
-    tool: str  # "AIPerf 0.13.0", "GuideLLM 0.8.1"
-    path: Path  # the run's folder (AIPerf) or results file (GuideLLM)
-    concurrency: float | None  # None: a rate-based run (see ``left_out``)
-    workload: str  # what was sent: "synthetic-isl64-osl64", a dataset's name
-    requests: pd.DataFrame | None  # REQUEST_COLUMNS of the measured phase, or None
-    aggregates: dict = field(default_factory=dict)  # table columns from the tool's summary
-    setup: dict = field(default_factory=dict)  # host, model, max_tokens, temperature, seed, …
-    lacks: tuple[str, ...] = ()  # what the file does not carry, one phrase each
-    left_out: str = ""  # why this run cannot be a step of the table ("" when it can)
-
-    @property
-    def name(self) -> str:
-        return f"{self.path.parent.name}/{self.path.name}"
 
 
 def detect(folder: Path) -> str:
     """The tool that wrote ``folder`` (or file): 'aiperf' or 'guidellm'; PeerError otherwise."""
-    from spectest.report import peer_aiperf, peer_guidellm
-
     if not folder.exists():
         raise PeerError(f"{folder} does not exist")
     if peer_aiperf.runs(folder):
@@ -85,8 +54,6 @@ def detect(folder: Path) -> str:
 
 def read(folder: str | Path, tool: str | None = None) -> list[PeerStep]:
     """Every run in ``folder`` (one run, an AIPerf sweep, a GuideLLM file of benchmarks)."""
-    from spectest.report import peer_aiperf, peer_guidellm
-
     folder = Path(folder)
     found = detect(folder)
     if tool and tool != found:
@@ -189,28 +156,11 @@ def acceptance(ok: pd.DataFrame) -> dict:
     return out
 
 
-def positions(histograms: list) -> dict:
-    """``acceptance_pos_i`` = share of verify steps that accepted at least i+1 drafts, from
-    per-step histograms (``[j]``: steps that accepted exactly j drafts)."""
-    if not histograms:
-        return {}
-    width = max(len(h) for h in histograms)
-    pooled = np.zeros(width)
-    for h in histograms:
-        pooled[:len(h)] += np.asarray(h, dtype=float)
-    steps = pooled.sum()
-    if not steps:
-        return {}
-    return {f"acceptance_pos_{i}": float(pooled[i + 1:].sum() / steps) for i in range(width - 1)}
-
-
 # --- both arms as one sweep -----------------------------------------------------------------
 def peer_sweep(spec_dirs: list[Path], base_dirs: list[Path], out: Path, slo: SLO,
                tool: str | None = None, workload: str | None = None,
                label: str | None = None) -> Sweep:
     """The two arms' runs as one sweep table, with the notes of what their files lack."""
-    from spectest.report import peer_notes
-
     arms = {"spec": _arm_steps(spec_dirs, "spec", tool), "base": _arm_steps(base_dirs, "base",
                                                                             tool)}
     names = {arm: next((s.workload for s in steps if not s.left_out), None)
@@ -238,8 +188,6 @@ def build(spec_dirs: list[Path], base_dirs: list[Path], out: Path, slo: SLO,
           tool: str | None = None, workload: str | None = None,
           label: str | None = None) -> Sweep:
     """``peer_sweep`` written into ``out`` as ``steps.csv`` + ``sweep.json`` (a sweep folder)."""
-    from spectest.report import peer_notes
-
     sweep = peer_sweep(spec_dirs, base_dirs, Path(out), slo, tool, workload, label)
     peer_notes.write(Path(out), sweep.table, sweep.info)
     return sweep

@@ -20,7 +20,7 @@ from spectest.audit.conditions.preemption import sized
 from spectest.audit.greedy import Divergence
 from spectest.audit.replay import load
 from spectest.audit.reproducer import Saver
-from spectest.audit.runner import AuditRun
+from spectest.audit.run import AuditRun
 from spectest.audit.samples import AuditError, Completion, PromptCase
 from spectest.audit.settings import AuditSettings, resolve
 

@@ -13,7 +13,7 @@ from spectest.audit import gate
 from spectest.audit.greedy import Divergence, GreedyResult
 from spectest.audit.logprobs import PositionDiff, Thresholds
 from spectest.audit.logprobs import check as logprob_check
-from spectest.audit.runner import AuditRun
+from spectest.audit.run import AuditRun
 from spectest.audit.samples import AuditError, PromptCase
 from spectest.audit.settings import AuditSettings, read_config, resolve
 
