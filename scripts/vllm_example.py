@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from spectest.procs import exit_on_sigterm  # noqa: E402
-from spectest.thirdparty.vllm_server import VllmServer, VllmServerSpec  # noqa: E402
+from spectest.thirdparty.vllm_server import (VllmServer, VllmServerSpec,  # noqa: E402
+                                              started_together)
 
 T1 = ["--temperature", "1", "--top-p", "1", "--top-k", "0"]
 
@@ -72,10 +73,7 @@ def main() -> int:
     status = 0
     base = VllmServer(plain, logs / "plain.log")
     server = VllmServer(spec, logs / f"{a.method}.log")
-    try:
-        base.start()
-        server.start()  # the two start-ups overlap, one core each
-        plain_url, spec_url = base.wait(), server.wait()
+    with started_together(base, server) as (plain_url, spec_url):
         timings["plain_start_s"] = round(base.started_s, 1)
         timings["speculative_start_s"] = round(server.started_s, 1)
         if not a.skip_sweep:
@@ -88,9 +86,6 @@ def main() -> int:
         for name, extra in (("audit-temperature-1", T1), ("audit-default", [])):
             rc = run(audit + extra + ["--out", str(out / name)], log)
             status |= rc if rc not in (1,) else 0  # a finding is not a failure of the script
-    finally:
-        server.stop()
-        base.stop()
     (out / "run.json").write_text(json.dumps(timings, indent=2) + "\n")
     return status
 

@@ -33,7 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
 from spectest.procs import exit_on_sigterm  # noqa: E402
-from spectest.thirdparty.vllm_server import VllmServer, VllmServerSpec  # noqa: E402
+from spectest.thirdparty.vllm_server import (VllmServer, VllmServerSpec,  # noqa: E402
+                                              started_together)
 from vllm_example import run  # noqa: E402  (each command echoed and logged with its exit code)
 
 
@@ -56,7 +57,7 @@ def main() -> int:
     exit_on_sigterm()  # a killed run stops its servers
     out = a.out / f"{a.pair}-{a.method}"
     out.mkdir(parents=True, exist_ok=True)
-    log, logs = out / "commands.log", out / "server-logs"
+    logs = out / "server-logs"
     workloads = [w for w in a.workloads.split(",") if w]
     target = a.schedule_for or ("mix" if len(workloads) > 1 else workloads[0])
     top = max(int(x) for x in a.steps.split(","))
@@ -71,9 +72,18 @@ def main() -> int:
     speculative_config = json.dumps(spec.speculative_config())
     servers = [VllmServer(plain, logs / "plain.log"), VllmServer(spec, logs / f"{a.method}.log")]
     try:
-        for s in servers:
-            s.start()
-        plain_url, spec_url = (s.wait() for s in servers)
+        return verify(a, out, servers, target, common, speculative_config, info)
+    finally:
+        info["loadavg_at_end"] = os.getloadavg()
+        (out / "run.json").write_text(json.dumps(info, indent=2) + "\n")
+
+
+def verify(a, out: Path, servers: list[VllmServer], target: str, common: list[str],
+           speculative_config: str, info: dict) -> int:
+    """Advise from a sweep of the two servers, then sweep again with the advised one."""
+    log, logs = out / "commands.log", out / "server-logs"
+    spec = servers[1].spec
+    with started_together(*servers) as (plain_url, spec_url):
         info["start_s"] = {"plain": round(servers[0].started_s, 1),
                            "speculative": round(servers[1].started_s, 1)}
         sweep = [sys.executable, "-m", "spectest", "sweep", "--host", spec_url,
@@ -95,7 +105,6 @@ def main() -> int:
         advised = VllmServer(replace(spec, name=f"{a.pair}-{a.method}-advised", cpu=1,
                                      schedule=tuple(map(tuple, plan["vllm_per_batch_size"]))),
                              logs / "advised.log")
-        servers.append(advised)
         with advised as advised_url:
             info["start_s"]["advised"] = round(advised.started_s, 1)
             rc = run(sweep + ["--advised-host", advised_url, "--advised-schedule",
@@ -103,11 +112,6 @@ def main() -> int:
                               "--speculative-config", speculative_config,
                               "--out", str(out / "verify")], log)
         return rc
-    finally:
-        for s in servers:
-            s.stop()
-        info["loadavg_at_end"] = os.getloadavg()
-        (out / "run.json").write_text(json.dumps(info, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -129,17 +129,22 @@ class Child:
         self.error = error
         self.proc: subprocess.Popen | None = None
         self.started_s = 0.0  # seconds from spawn to ready
+        self._spawned = 0.0  # time.monotonic() at spawn
+        self._header = 0  # bytes of the command line heading the log (never read as output)
         self._matched = False
 
     # --- start ---------------------------------------------------------------------------
     def start(self) -> Child:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "w", encoding="utf-8") as log:
-            log.write(f"$ {' '.join(self.argv)}\n")
+            header = f"$ {' '.join(self.argv)}\n"
+            log.write(header)
             log.flush()
+            self._header = len(header.encode())
             # the kernel's parent-death signal fires when the *thread* that forked exits, so a
             # child started from a worker thread (a thread pool) would die with that thread
             main = threading.current_thread() is threading.main_thread()
+            self._spawned = time.monotonic()
             try:
                 self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
                                              stdin=subprocess.DEVNULL, env=self.env,
@@ -164,7 +169,8 @@ class Child:
                 raise self.error(f"{self.name} exited with code {code} before it was ready: "
                                  f"{log_tail(self.log_path)} (log: {self.log_path})")
             if self._is_ready():
-                self.started_s = time.monotonic() - t0
+                # from spawn: several children started together, then waited for one by one
+                self.started_s = time.monotonic() - (self._spawned or t0)
                 return self.url
             if time.monotonic() > deadline:
                 self.stop()
@@ -174,7 +180,9 @@ class Child:
 
     def _is_ready(self) -> bool:
         if self.ready is not None and not self._matched:
-            match = self.ready.search(self.log_path.read_text(errors="replace"))
+            with open(self.log_path, "rb") as log:
+                log.seek(self._header)
+                match = self.ready.search(log.read().decode(errors="replace"))
             if match is None:
                 return False
             self._matched = True

@@ -69,3 +69,24 @@ def test_sigterm_to_a_script_stops_the_servers_it_owns(mode, tmp_path):
     finally:
         if alive(child):
             os.kill(child, signal.SIGKILL)
+
+
+def test_start_up_time_counts_from_spawn_when_children_are_waited_for_in_turn(tmp_path):
+    """Servers started together and then waited for one by one: the second one's start-up is
+    its own, not the time left after the first was ready."""
+    from spectest.procs import Child
+
+    # the command line heads the log and holds the pattern: only the child's output counts
+    slow = "import time; time.sleep(1.5); print('UPNOW', flush=True); time.sleep(30)"
+    children = [Child([sys.executable, "-c", slow], name=f"c{i}", log_path=tmp_path / f"{i}.log",
+                      ready_pattern="UPNOW") for i in range(2)]
+    try:
+        for child in children:
+            child.start()
+        for child in children:
+            child.wait_ready()
+        assert all(child.started_s >= 1.5 for child in children), \
+            [child.started_s for child in children]
+    finally:
+        for child in children:
+            child.stop()

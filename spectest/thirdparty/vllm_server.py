@@ -25,11 +25,13 @@ Does not know: what is measured.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -235,3 +237,17 @@ class VllmServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def started_together(*servers: VllmServer) -> Iterator[list[str]]:
+    """``with started_together(plain, spec) as (plain_url, spec_url): ...`` — every server
+    spawned at once (their start-ups overlap, a core each), then each waited for; all stopped
+    at the end, and all stopped when one fails to start."""
+    try:
+        for server in servers:
+            server.start()
+        yield [server.wait() for server in servers]
+    finally:
+        for server in servers:
+            server.stop()

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from spectest.thirdparty.vllm_server import (INSTALL_SCRIPT, VllmServer, VllmServerSpec,
-                                             find_vllm_python)
+                                             find_vllm_python, started_together)
 
 ROOT = Path(__file__).resolve().parents[2]
 K = 4
@@ -56,11 +56,5 @@ def vllm(tmp_path_factory) -> Servers:
     need_vllm()
     logs = tmp_path_factory.mktemp("vllm")
     servers = [VllmServer(spec, logs / f"{method}.log") for method, spec in SPECS.items()]
-    try:
-        for server in servers:
-            server.start()
-        urls = [server.wait() for server in servers]
+    with started_together(*servers) as urls:
         yield Servers(*urls, logs)
-    finally:
-        for server in servers:
-            server.stop()
