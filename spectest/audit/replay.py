@@ -16,7 +16,9 @@ and printing what an upstream bug report needs:
   (``mmd``) on the two sets of completions beside it.
 
 A baseline request is sent fresh: its ``cache_salt`` is a new one (it was fresh when the
-audit sent it).
+audit sent it). The candidate's steps and request keep sharing one salt, but a new one: the
+server may still hold what the audit's later requests cached under the old one, and a hit that
+reaches further than the audit's did restores other positions than the ones it found wrong.
 
 Each file is REPRODUCED (exit 1 if any is), NOT REPRODUCED (exit 0) or COULD NOT RUN (exit 2).
 ``--candidate`` / ``--baseline`` point a file at other servers (their first model is used
@@ -78,6 +80,7 @@ def load(path: Path) -> dict:
 
 async def replay(doc: dict, urls: Mapping[str, str | None], api_key: str | None,
                  timeout: float) -> Replayed:
+    doc = fresh_namespace(doc)
     eps = {role: Endpoint(role, urls.get(role) or doc[role]["url"], None, {}, api_key)
            for role in ("candidate", "baseline")}
     async with Client(eps["candidate"], 64, timeout) as cand, \
@@ -104,6 +107,26 @@ async def replay(doc: dict, urls: Mapping[str, str | None], api_key: str | None,
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+
+
+def fresh_namespace(doc: dict) -> dict:
+    """``doc`` with each ``cache_salt`` the candidate's requests carried (steps, request,
+    background) replaced by a new one, the same new one wherever the old one stood."""
+    new: dict[str, str] = {}
+
+    def renamed(body):
+        if not isinstance(body, dict) or not isinstance(body.get("cache_salt"), str):
+            return body
+        return {**body, "cache_salt": new.setdefault(body["cache_salt"], uuid.uuid4().hex)}
+    out = dict(doc)
+    out["steps"] = [{**step, "body": renamed(step.get("body"))} for step in doc.get("steps")
+                    or ()]
+    if isinstance(doc.get("request"), dict):
+        out["request"] = {**doc["request"], "candidate": renamed(doc["request"].get("candidate"))}
+    if isinstance(doc.get("background"), dict) and doc["background"].get("bodies"):
+        out["background"] = {**doc["background"],
+                             "bodies": [renamed(b) for b in doc["background"]["bodies"]]}
+    return out
 
 
 def _for(body: Mapping | None, model: str | None) -> dict:

@@ -262,7 +262,7 @@ class SpecEngine:
         hit = len(blocks) * self.prefix.block if blocks else 0
         if hit:
             PrefixCache.restore(self.cache, seq.slot, blocks,
-                                self.rules.restored(hit, req.speculative, self.prefix.block))
+                                self.rules.restored(hit, req.speculative, self.prefix.align))
         if ids is req.prompt_ids:
             seq.cached_tokens = hit
         out = self._chunked(ids, hit, seq.slot, prompt_logprobs)
@@ -274,7 +274,7 @@ class SpecEngine:
         return out, hidden
 
     def _chunked(self, ids: tuple[int, ...], start: int, slot: int, every_position: bool):
-        """The target over ``ids[start:]`` in block-aligned forwards (:func:`prefill_spans`):
+        """The target over ``ids[start:]`` in chunk-aligned forwards (:func:`prefill_spans`):
         warm logits equal cold ones bit for bit, so the prefix cache never changes what the
         model says (one forward over the whole prompt would round its positions differently
         from a forward over the part a hit leaves, and int8 weights turn that into whole

@@ -54,8 +54,8 @@ FAULTS = {
     "rewind-past-256": "target KV cache rewound one position too few for rows past position "
                        "256",
     "prefix-hit-stale-kv": "on a prefix-cache hit, a speculative request's last restored "
-                           "block is one that was never written (a block-table off-by-one): "
-                           "its keys and values are zeros",
+                           "chunk of blocks is one that was never written (a block-table "
+                           "off-by-one): its keys and values are zeros",
     "draft-only-penalties": "presence / frequency / repetition penalties and logit_bias applied "
                             "to the draft only: rows that verify drafts do it without them",
     "decay-after-requests": "after --fault-after finished requests, speculative rounds rewind the "
@@ -114,8 +114,8 @@ class ExactRules:
         every committed token but the last (the next round's first input)."""
         return np.minimum(start + k + 1, n_prev + n_accepted)
 
-    def restored(self, hit: int, speculative: bool, block: int) -> int:
-        """Positions of a ``hit``-token prefix-cache hit (whole blocks of ``block``) copied
+    def restored(self, hit: int, speculative: bool, span: int) -> int:
+        """Positions of a ``hit``-token prefix-cache hit (whole chunks of ``span``) copied
         into the slot: all of them."""
         return hit
 
@@ -178,9 +178,9 @@ class FaultyRules(ExactRules):
             extra |= (self._decay.random(len(start)) < rate).astype(np.int64) & spec
         return np.minimum(start + k + 1, n_prev + n_accepted + np.minimum(extra, 1))
 
-    def restored(self, hit: int, speculative: bool, block: int) -> int:
+    def restored(self, hit: int, speculative: bool, span: int) -> int:
         if "prefix-hit-stale-kv" in self.faults and speculative and hit:
-            return hit - block
+            return hit - span
         return hit
 
 

@@ -155,3 +155,20 @@ def test_the_replay_module_reads_its_own_files(tmp_path):
     doc = json.loads(open(path).read())
     assert load(__import__("pathlib").Path(path))["check"] == "text" == doc["check"]
     assert replace(AuditSettings(), candidate_restart="true").candidate_restart == "true"
+
+
+def test_a_replay_sends_the_candidate_s_requests_under_one_new_salt():
+    """The server may still hold what the audit cached later under the recorded salt; the
+    replay's steps and request share a new one, so the request hits what its steps cached."""
+    from spectest.audit.replay import fresh_namespace
+
+    doc = {"steps": [{"path": "/v1/completions", "body": {"prompt": [1], "cache_salt": "a"}}],
+           "request": {"path": "/v1/completions",
+                       "candidate": {"prompt": [1, 2], "cache_salt": "a"}},
+           "background": {"bodies": [{"prompt": [3], "cache_salt": "b"}, {"prompt": [4]}]}}
+    out = fresh_namespace(doc)
+    salt = out["steps"][0]["body"]["cache_salt"]
+    assert salt not in ("a", "b") and out["request"]["candidate"]["cache_salt"] == salt
+    assert out["background"]["bodies"][0]["cache_salt"] not in ("a", "b", salt)
+    assert out["background"]["bodies"][1] == {"prompt": [4]}
+    assert doc["steps"][0]["body"]["cache_salt"] == "a"  # the file's own record is left alone

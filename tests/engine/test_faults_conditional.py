@@ -61,10 +61,12 @@ def test_rewind_past_256_breaks_long_sequences_only(embedded):
 def test_prefix_hit_breaks_warm_speculative_requests_only(embedded):
     engine = _engine(embedded, "prefix-hit-stale-kv", prefix_cache_tokens=4096)
     tok = embedded[0].tokenizer
-    cold, stats = _greedy(engine, tok, SHORT)
+    prompt = open(__file__).read()[:500]  # over one 64-token chunk: a hit restores one
+    assert len(tok.encode(prompt)) > 64
+    cold, stats = _greedy(engine, tok, prompt)
     assert stats.cached_tokens == 0
-    assert cold == _greedy(engine, tok, SHORT, False)[0]  # plain requests hit, and are right
-    warm, stats = _greedy(engine, tok, SHORT)
+    assert cold == _greedy(engine, tok, prompt, False)[0]  # plain requests hit, and are right
+    warm, stats = _greedy(engine, tok, prompt)
     assert stats.cached_tokens > 0 and warm != cold
 
 

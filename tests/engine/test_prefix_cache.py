@@ -11,7 +11,7 @@ import torch
 
 from spectest.engine.policies import FixedK
 from spectest.engine.inference import prepare_for_inference
-from spectest.engine.prefix_cache import BLOCK, PrefixCache
+from spectest.engine.prefix_cache import BLOCK, CHUNK, PrefixCache
 from spectest.engine.requests import GenerationRequest
 from spectest.engine.sampling import SamplingParams
 
@@ -19,7 +19,10 @@ from pairs import load_embedded, make_engine, random_eagle, tiny_model, tiny_tok
 
 SHARED = ("Answer the question using the context.\n\nContext:\nThe tuple is an immutable "
           "sequence. Tuples are written with parentheses, and lists with square brackets. "
-          "A set holds each element once.\n\n")
+          "A set holds each element once. A dictionary maps keys to values; its keys must be "
+          "hashable, and it keeps them in the order they were inserted. Strings are immutable "
+          "sequences of Unicode code points, and bytes objects hold raw 8-bit values. A list "
+          "can grow and shrink; slicing one makes a shallow copy.\n\n")  # two chunks and more
 QUESTIONS = ["Question: How are tuples written?", "Question: What does a set hold?",
              "Question: Are lists mutable?"]
 
@@ -57,10 +60,12 @@ def test_warm_prompts_decode_as_cold_ones(embedded):
     first, first_stats = _run(engine, tok, prompts)
     again, again_stats = _run(engine, tok, prompts)
     assert first == cold == again
-    shared_blocks = len(tok.encode(SHARED)) // BLOCK
+    shared_chunks = len(tok.encode(SHARED)) // CHUNK
+    assert shared_chunks >= 2
     assert first_stats[0].cached_tokens == 0 and all(s.cached_tokens == 0 for s in cold_stats)
-    assert all(s.cached_tokens >= shared_blocks * BLOCK for s in first_stats[1:])
-    assert all(s.cached_tokens == (len(tok.encode(p)) - 1) // BLOCK * BLOCK
+    assert all(s.cached_tokens >= shared_chunks * CHUNK for s in first_stats[1:])
+    # a hit ends on a chunk boundary: the forwards after it are the cold prompt's
+    assert all(s.cached_tokens == (len(tok.encode(p)) - 1) // CHUNK * CHUNK
                for s, p in zip(again_stats, prompts))
     # another salt shares nothing
     _, salted = _run(engine, tok, prompts[:1], salt="another")
@@ -68,7 +73,7 @@ def test_warm_prompts_decode_as_cold_ones(embedded):
 
 
 def test_the_cache_keeps_within_its_capacity_and_counts_lookups():
-    cache = PrefixCache(capacity_tokens=4 * BLOCK)
+    cache = PrefixCache(capacity_tokens=4 * BLOCK, align=BLOCK)
     target = tiny_model(8, seed=0)
     kv = target.new_cache(2, 512)
     ids = tuple(range(1, 8)) * 20  # 140 tokens: 8 full blocks
@@ -78,7 +83,7 @@ def test_the_cache_keeps_within_its_capacity_and_counts_lookups():
     assert cache.match(None, ids) == []  # its first blocks are gone: no chain starts
     assert cache.queries == len(ids) and cache.hits == 0
     short = ids[:3 * BLOCK + 1]
-    small = PrefixCache(capacity_tokens=8 * BLOCK)
+    small = PrefixCache(capacity_tokens=8 * BLOCK, align=BLOCK)
     small.store(None, short, kv, 0)
     found = small.match(None, short)
     assert len(found) == 3 and small.hits == 3 * BLOCK
@@ -119,8 +124,8 @@ def test_int8_warm_logprobs_equal_cold_ones_bit_for_bit():
     """Int8 weights turn last-bit differences into quantization steps, so a prefill that ran
     the warm remainder in other call shapes than the cold prompt flipped greedy choices
     (SmolLM2 answered a chat differently the second time it was asked). Every prefill runs
-    in block-aligned forwards: warm logprobs equal cold ones exactly, for prompts ending
-    anywhere in a block."""
+    in chunk-aligned forwards: warm logprobs equal cold ones exactly, for prompts ending
+    anywhere in a chunk."""
     torch.set_num_threads(1)
     target, draft = load_embedded()  # fresh copies: quantized in place
     prepare_for_inference(target.model, int8=True)
@@ -131,5 +136,20 @@ def test_int8_warm_logprobs_equal_cold_ones_bit_for_bit():
     warm_engine = make_engine(target.model, tok, "draft-model", draft.model, FixedK(4),
                               prefix_cache_tokens=4096)
     warm = _logprobs(warm_engine, tok, prompts)
-    assert warm_engine.prefix.hits >= len(prompts[1:]) * BLOCK
+    assert warm_engine.prefix.hits >= len(prompts[1:]) * CHUNK
     assert warm == cold
+
+
+def test_a_hit_ends_on_a_chunk_boundary():
+    """Blocks past the last whole chunk stay uncomputed: the prefill after a hit then runs the
+    forwards the cold prompt ran."""
+    target = tiny_model(8, seed=0)
+    kv = target.new_cache(2, 512)
+    ids = tuple(range(1, 8)) * 20  # 140 tokens: 8 blocks, 2 chunks of 64
+    target(torch.tensor([ids]), kv, torch.tensor([0]))
+    cache = PrefixCache(capacity_tokens=1024)
+    cache.store(None, ids, kv, 0)
+    assert len(cache) == 8 and len(cache.match(None, ids)) == 2 * CHUNK // BLOCK
+    assert cache.match(None, ids[:CHUNK]) == []  # its last token must stay uncomputed
+    with pytest.raises(ValueError, match="multiple"):
+        PrefixCache(1024, block=16, align=40)
