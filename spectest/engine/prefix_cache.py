@@ -76,15 +76,17 @@ class PrefixCache:
         ``align`` tokens and leaves its last token uncomputed (its logits are needed); counts
         the lookup."""
         usable = (len(ids) - 1) // self.block
-        found = []
+        keys = []
         for key in self._keys(salt, ids, usable):
-            block = self._blocks.get(key)
-            if block is None:
+            if key not in self._blocks:
                 break
-            found.append(block)
-        found = found[:len(found) // (self.align // self.block) * (self.align // self.block)]
-        for key in self._keys(salt, ids, len(found)):
+            keys.append(key)
+        per_chunk = self.align // self.block
+        keys = keys[:len(keys) // per_chunk * per_chunk]
+        found = []
+        for key in keys:
             self._blocks.move_to_end(key)
+            found.append(self._blocks[key])
         self.queries += len(ids)
         self.hits += len(found) * self.block
         return found

@@ -249,6 +249,12 @@ def run_cli(*args: str, timeout: float = 90.0) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
+def run_benchmark(script: str, *args: str, timeout: float = 900.0) -> subprocess.CompletedProcess:
+    """``python benchmarks/SCRIPT ARGS`` from the repository, to completion, output captured."""
+    return subprocess.run([sys.executable, f"benchmarks/{script}", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
 def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

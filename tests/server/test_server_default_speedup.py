@@ -12,17 +12,14 @@ The test fails when the point estimate is not above 1.0×.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
-from live_server import REPO
+from live_server import run_benchmark
 
 
 def test_default_server_speculation_beats_its_baseline_on_held_out_code(tmp_path):
     out = tmp_path / "default.json"
-    run = subprocess.run([sys.executable, "benchmarks/default_config.py", "--prompts", "6",
-                          "--max-tokens", "96", "--json", str(out)], cwd=REPO,
-                         capture_output=True, text=True, timeout=900)
+    run = run_benchmark("default_config.py", "--prompts", "6", "--max-tokens", "96", "--json",
+                        str(out))
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(out.read_text())
     print(run.stdout)

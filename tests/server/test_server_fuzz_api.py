@@ -10,19 +10,16 @@ The full campaign (10,000 cases) is the benchmark: ``python benchmarks/fuzz_api.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
-from live_server import REPO
+from live_server import run_benchmark
 
 CASES = 300
 
 
 def test_short_fuzz_campaign_finds_no_5xx_and_leaves_the_server_serving(tmp_path):
     out = tmp_path / "fuzz.json"
-    run = subprocess.run([sys.executable, "benchmarks/fuzz_api.py", "--cases", str(CASES),
-                          "--out", str(out), "--strict"], cwd=REPO, capture_output=True,
-                         text=True, timeout=300)
+    run = run_benchmark("fuzz_api.py", "--cases", str(CASES), "--out", str(out), "--strict",
+                        timeout=300)
     print(run.stdout[-3000:])
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     result = json.loads(out.read_text())

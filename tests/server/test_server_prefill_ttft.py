@@ -5,19 +5,16 @@ benchmark's to print (docs/results.md); this checks what it measured is what it 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
-from live_server import REPO
+from live_server import run_benchmark
 
 from spectest.engine.prefix_cache import CHUNK
 
 
 def test_the_prefill_benchmark_measures_cold_and_warm_prompts(tmp_path):
     out = tmp_path / "ttft.json"
-    run = subprocess.run([sys.executable, "benchmarks/prefill_ttft.py", "--prompts", "2",
-                          "--chars", "2000", "--json", str(out)], cwd=REPO,
-                         capture_output=True, text=True, timeout=600)
+    run = run_benchmark("prefill_ttft.py", "--prompts", "2", "--chars", "2000", "--json",
+                        str(out), timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["prompts"] == 2 and "warm / cold" in run.stdout
