@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from spectest.engine.device import Placement, to_device
+from spectest.engine.draft_decode import row_decoder
 from spectest.engine.drafter_names import HYBRID
 from spectest.engine.model import Transformer
 from spectest.engine.penalties import Penalties, apply_penalties
@@ -184,6 +185,8 @@ class DraftModelDrafter:
         self.cache = model.new_cache(n_slots, max_len)
         self.vocab_size = model.config.vocab_size
         self.head_ids = model.head_ids  # [N] or None (the whole vocabulary)
+        # one row's one-token steps on folded weights (CPU float32 models; engine.draft_decode)
+        self.row = row_decoder(model)
 
     def admit(self, slot: int, prompt: list[int]) -> None:
         self.cache.reset(slot)
@@ -317,6 +320,8 @@ class DraftModelDrafter:
             for i, p in enumerate(pending):
                 feed[i, :len(p)] = p
             feed = self.place.tokens(feed)
+        if width == 1 and len(rows) == 1 and self.row is not None:
+            return self.row.step(feed, self.cache, int(slots[0]))  # [1, N]
         start = lengths[slots].copy()
         logits = self.model(feed, self.cache, slots)  # [B, width, N]
         lengths[slots] = start + n_pending
@@ -329,6 +334,8 @@ class DraftModelDrafter:
                      active_dev: torch.Tensor | None) -> torch.Tensor:
         """Logits [b, N] for the next draft of the rows still drafting (their ``slots`` [b];
         their indices on the device, or None for all rows), which drafted ``pick`` [b]."""
+        if len(slots) == 1 and self.row is not None:
+            return self.row.step(pick, self.cache, int(slots[0]))
         return self.model(pick[:, None], self.cache, slots)[:, -1]
 
 

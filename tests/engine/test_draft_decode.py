@@ -1,0 +1,105 @@
+"""The draft's one-row step on folded weights computes what the model's own forward computes.
+
+RowDecoder's arithmetic differs from the model's forward only in rounding: its logits and the
+keys and values it writes match the forward's to float32 precision, on the embedded draft and
+on a random model with grouped-query attention, several layers, an untied head and a restricted
+head; the slot's length grows by one; a full cache refuses. It applies only where it may
+(prepared float32 CPU models), and the drafter proposes the same greedy drafts with it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from spectest.engine.draft_decode import row_decoder
+from spectest.engine.drafters import DraftModelDrafter, DraftRow
+from spectest.engine.inference import prepare_for_inference
+from spectest.engine.model import ModelConfig, Transformer, restrict_head
+from spectest.engine.sampling import SamplingParams
+from tests.engine.pairs import load_embedded
+
+
+def random_model(seed: int = 0, tied: bool = False) -> Transformer:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                      max_position_embeddings=256, tie_word_embeddings=tied)
+    model = Transformer(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3) if p.dim() >= 2 else p.uniform_(0.5, 1.5)
+    return model.eval()
+
+
+def models():
+    _, draft = load_embedded()
+    restricted = restrict_head(random_model(2), tuple(range(0, 97, 3)))
+    return {"embedded draft": draft.model, "gqa, untied": random_model(1),
+            "tied": random_model(3, tied=True), "restricted head": restricted}
+
+
+@pytest.mark.parametrize("name", ["embedded draft", "gqa, untied", "tied", "restricted head"])
+def test_row_step_matches_the_models_forward(name):
+    model = prepare_for_inference(models()[name])
+    decoder = row_decoder(model)
+    assert decoder is not None
+    V = model.config.vocab_size
+    prompt = torch.randint(0, V, (1, 40), generator=torch.Generator().manual_seed(7))
+    reference, fast = model.new_cache(2, 128), model.new_cache(2, 128)
+    with torch.inference_mode():
+        for cache in (reference, fast):
+            model(prompt, cache, [1])
+        for token in (5, 17, 3, 60 % V):
+            ids = torch.tensor([[token]])
+            want = model(ids, reference, [1])[0, -1]  # [N]
+            got = decoder.step(ids, fast, 1)  # [1, N]
+            assert got.shape == (1, want.shape[0])
+            torch.testing.assert_close(got[0], want, rtol=1e-4, atol=1e-4)
+            assert fast.lengths[1] == reference.lengths[1]
+        n = int(reference.lengths[1])
+        # rounding carried through the layers: a few units in the 4th significant digit
+        torch.testing.assert_close(fast.k[:, 1, :n], reference.k[:, 1, :n], rtol=1e-3,
+                                   atol=1e-4)
+        torch.testing.assert_close(fast.v[:, 1, :n], reference.v[:, 1, :n], rtol=1e-3,
+                                   atol=1e-4)
+    assert fast.lengths[0] == 0  # other slots untouched
+
+
+def test_a_full_cache_refuses():
+    model = prepare_for_inference(random_model())
+    cache = model.new_cache(1, 8)
+    with torch.inference_mode():
+        model(torch.zeros(1, 8, dtype=torch.long), cache, [0])
+    with pytest.raises(ValueError, match="KV cache overflow"):
+        row_decoder(model).step(torch.tensor([1]), cache, 0)
+
+
+def test_only_prepared_float_cpu_models_get_one():
+    assert row_decoder(random_model()) is None  # not prepared: no fused projections
+    assert row_decoder(prepare_for_inference(random_model())) is not None
+    assert row_decoder(prepare_for_inference(random_model(), int8=True)) is None
+    exact = prepare_for_inference(random_model())
+    exact.row_exact = True
+    assert row_decoder(exact) is None
+
+
+def test_the_drafter_proposes_what_the_models_forward_proposes():
+    model = prepare_for_inference(random_model(4))
+    fast = DraftModelDrafter(model, n_slots=2, max_len=128)
+    plain = DraftModelDrafter(model, n_slots=2, max_len=128)
+    plain.row = None
+    assert fast.row is not None
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 97, 30).tolist()
+    for drafter in (fast, plain):
+        drafter.admit(0, tokens[:-1])
+    for _ in range(6):
+        row = DraftRow(0, tokens, 4, SamplingParams(temperature=0.0))
+        got, want = fast.propose([row]), plain.propose([row])
+        assert got.tokens.tolist() == want.tokens.tolist()
+        accepted = int(rng.integers(0, 5))  # as if verification kept this many, plus a bonus
+        tokens = tokens + got.tokens[0, :accepted].tolist() + [int(rng.integers(0, 97))]
+        for drafter in (fast, plain):
+            drafter.rewind(0, len(tokens) - 1)
