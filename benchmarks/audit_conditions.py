@@ -149,6 +149,10 @@ def main() -> int:
 
     def one(job):
         row = run_one(*job, args.fault_after, args.audit_args.split())
+        if "could not run: interrupted" in row["stderr"]:  # stopped from outside: no outcome
+            print(f"{row['target']:>22} {row['profile']:>7} seed {row['seed']:>2}: interrupted, "
+                  "not recorded (a rerun runs it)", flush=True)
+            return
         with lock, args.json.open("a") as f:
             f.write(json.dumps(row) + "\n")
         print(f"{row['target']:>22} {row['profile']:>7} seed {row['seed']:>2}: "

@@ -76,19 +76,12 @@ def prompts_for(tokenizer, category: str, n: int, max_prompt: int) -> list[list[
     return out
 
 
-def third_party_code(tokenizer, n: int, chars: int = 600) -> list[list[int]]:
-    """``chars``-character windows of an installed third-party package's Python source
-    (aiohttp's, a dependency), as completion prompts: code the embedded pair never trained on
-    (its corpus is the standard library), the prompts of ``benchmarks/default_config.py``."""
-    import aiohttp
-    out = []
-    for file in sorted(Path(aiohttp.__file__).parent.glob("*.py")):
-        text = file.read_text(encoding="utf-8")
-        if len(text) >= 2000 + chars:
-            out.append(tokenizer.encode(text[2000:2000 + chars]))
-        if len(out) == n:
-            break
-    return out
+def third_party_code(tokenizer, n: int) -> list[list[int]]:
+    """The held-out code prompts of ``benchmarks/default_config.py`` (600-character windows of
+    aiohttp's Python source, a dependency: code the embedded pair never trained on, its corpus
+    being the standard library), as token ids."""
+    from default_config import held_out_code  # this folder's script, on sys.path when run
+    return [tokenizer.encode(text) for text in held_out_code(n)]
 
 
 def held_out_prompts(tokenizer, category: str, n: int, max_prompt: int) -> list[list[int]]:
