@@ -45,7 +45,7 @@ from pathlib import Path
 
 import torch
 
-from server_overhead import PROMPT, run_engine  # the same closed loop, prompt and settings
+from overhead_modes import PROMPT, run_engine  # server_overhead's closed loop, prompt and settings
 from spectest.engine.api import MODELS_DIR, build_engine
 from spectest.engine.policies import make_policy
 
