@@ -54,8 +54,8 @@ def row_decoder(model: Transformer) -> RowDecoder | None:
 
 
 def _folded(gain: torch.Tensor, weight_t: torch.Tensor, dim: int) -> torch.Tensor:
-    """weight_t [D, out] with row d scaled by gain[d]·sqrt(D): ``rms_norm(x) @ weight_t`` is
-    then ``(x @ folded) / ||x||``."""
+    """weight_t [D, out] with row d scaled by gain[d]·sqrt(D): ``rms_norm(x, gain) @ weight_t``
+    is then ``(x @ folded) / sqrt(||x||² + D·eps)``."""
     return (gain.float()[:, None] * math.sqrt(dim) * weight_t).contiguous()
 
 
@@ -111,7 +111,7 @@ class RowDecoder:
         x = self.embed[token.reshape(1)]  # [1, D]
         eps = self.eps_norm
 
-        def norm(v: torch.Tensor) -> torch.Tensor:  # [1, 1]: sqrt(||v||² + D·eps) = sqrt(D)·rms(v)
+        def norm(v: torch.Tensor) -> torch.Tensor:  # [1, 1]: sqrt(||v||² + D·eps), sqrt(D)·rms
             return torch.hypot(torch.linalg.vector_norm(v, dim=-1, keepdim=True), eps)
 
         for i, (w_qkv, w_o, w_gate_up, w_down) in enumerate(self.layers):
