@@ -2,8 +2,8 @@
 
 Owns: :class:`RowDecoder` — built from a prepared float32 CPU :class:`~spectest.engine.model.
 Transformer` (:func:`row_decoder` says whether one can be), it holds folded copies of the
-model's weights and computes one row's next-token logits for one new token, writing that
-token's keys and values into the model's own KV cache, as the model's forward would.
+model's weights and computes the next-token logits of rows that each add one token, writing
+those tokens' keys and values into the model's own KV cache, as the model's forward would.
 
 Why: a draft model is small so that its step is cheap, but on a CPU a small model's step costs
 what its operations cost, not its FLOPs. The embedded draft (one layer, 128 wide) does about
@@ -16,25 +16,26 @@ step does the same arithmetic in ~20 operations:
   is a ``vector_norm``, a ``hypot`` with its epsilon's share and an in-place division of that
   projection's output;
 * the residual adds ride on ``addmm``;
-* RoPE is one ``addcmul`` on the query and key heads together; the cache write is a slice
-  assignment; attention is one call, the G query heads of a kv head as G rows of it.
+* RoPE is one ``addcmul`` on the query and key heads together; a cache write is a slice
+  assignment; attention is one call a row over exactly its keys (no mask to build), the G
+  query heads of a kv head as G rows of it.
 
 Exactness: the folded arithmetic differs from the model's forward in the last bits. A
 draft's numbers decide only what is proposed; verification against the target decides what
 is emitted, and a sampled draft's probabilities are those it sampled from. So this changes at
 most which drafts are accepted, never the output. Everything else a draft does — prefill,
-catch-up after rounds without drafts, several tokens or rows at once — runs the model's own
-forward into the same cache.
+catch-up after rounds without drafts, several tokens a row — runs the model's own forward into
+the same cache.
 
-Does not know: batches (one row; :class:`~spectest.engine.drafters.DraftModelDrafter` uses the
-model's forward for more), int8 (its own kernels, row-exact), GPUs (captured graphs do this
-job there), sampling or speculation.
+Does not know: int8 (its own kernels, row-exact), GPUs (captured graphs do this job there),
+sampling or speculation.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -96,41 +97,57 @@ class RowDecoder:
         model.rope_tables(cfg.max_position_embeddings)
 
     @torch.inference_mode()
-    def step(self, token: torch.Tensor, cache: KVCache, slot: int) -> torch.Tensor:
-        """Logits [1, N] after ``token`` (a [1] or [1, 1] tensor) is appended to ``slot``'s
-        cached prefix; the slot's length grows by one."""
-        pos = int(cache.lengths[slot])
-        if pos + 1 > cache.max_len:
-            raise ValueError(f"KV cache overflow: need {pos + 1} positions, "
-                             f"have {cache.max_len}")
+    def step(self, tokens: torch.Tensor, cache: KVCache, slots) -> torch.Tensor:
+        """Logits [B, N] after each row's token (``tokens`` [B] or [B, 1]) is appended to its
+        slot's cached prefix (``slots`` [B], host ints); each slot's length grows by one.
+
+        Everything but attention runs on the B rows at once; each row attends over its own
+        keys in a call of its own (rows differ in length, and a call over exactly a row's keys
+        needs no mask)."""
+        slots = np.asarray(slots, dtype=np.int64).reshape(-1)  # [B] host
+        positions = cache.lengths[slots].copy()  # [B] host: where each new token goes
+        B = len(slots)
+        need = int(positions.max()) + 1
+        if need > cache.max_len:
+            raise ValueError(f"KV cache overflow: need {need} positions, have {cache.max_len}")
         model = self.model
-        model.rope_tables(pos + 1)
-        cos, sin_rot = model._cos[pos], model._sin_rot[pos]  # [hd] each
+        model.rope_tables(need)
+        rows = [(i, int(slot), int(pos)) for i, (slot, pos) in enumerate(zip(slots, positions))]
+        if B == 1:  # one row: its tables sliced, not gathered
+            pos = rows[0][2]
+            cos, sin_rot = model._cos[pos:pos + 1], model._sin_rot[pos:pos + 1]  # [1, hd]
+        else:
+            index = torch.from_numpy(positions)
+            cos, sin_rot = model._cos[index], model._sin_rot[index]  # [B, hd]
+        cos, sin_rot = cos[:, None], sin_rot[:, None]  # [B, 1, hd]
         H, H_kv, hd = self.H, self.H_kv, self.hd
-        half = hd // 2
-        x = self.embed[token.reshape(1)]  # [1, D]
+        G, half = H // H_kv, hd // 2
+        x = self.embed[tokens.reshape(B)]  # [B, D]
         eps = self.eps_norm
 
-        def norm(v: torch.Tensor) -> torch.Tensor:  # [1, 1]: sqrt(||v||² + D·eps), sqrt(D)·rms
+        def norm(v: torch.Tensor) -> torch.Tensor:  # [B, 1]: sqrt(||v||² + D·eps), sqrt(D)·rms
             return torch.hypot(torch.linalg.vector_norm(v, dim=-1, keepdim=True), eps)
 
         for i, (w_qkv, w_o, w_gate_up, w_down) in enumerate(self.layers):
             qkv = torch.mm(x, w_qkv).div_(norm(x))
-            heads = qkv.view(H + 2 * H_kv, hd)  # q heads, k heads, v heads
-            qk = heads[:H + H_kv]  # [H + H_kv, hd]
-            swapped = torch.cat((qk[:, half:], qk[:, :half]), dim=-1)
-            rotated = torch.addcmul(qk * cos, swapped, sin_rot)  # [H + H_kv, hd]
-            k_layer, v_layer = cache.k[i, slot], cache.v[i, slot]  # [M, H_kv, hd] each
-            k_layer[pos] = rotated[H:]
-            v_layer[pos] = heads[H + H_kv:]
-            # 4-D, as the fused CPU kernel takes them (3-D falls back to unfused math)
-            keys = k_layer[None, :pos + 1].transpose(1, 2)  # [1, H_kv, S, hd]
-            values = v_layer[None, :pos + 1].transpose(1, 2)
-            queries = rotated[:H].view(1, H_kv, H // H_kv, hd)  # G query heads a kv head
-            out = F.scaled_dot_product_attention(queries, keys, values)  # [1, H_kv, G, hd]
-            x = torch.addmm(x, out.reshape(1, H * hd), w_o)  # [1, D]
-            gate_up = torch.mm(x, w_gate_up).div_(norm(x))  # [1, 2·I]
+            heads = qkv.view(B, H + 2 * H_kv, hd)  # q heads, k heads, v heads
+            qk = heads[:, :H + H_kv]  # [B, H + H_kv, hd]
+            swapped = torch.cat((qk[..., half:], qk[..., :half]), dim=-1)
+            rotated = torch.addcmul(qk * cos, swapped, sin_rot)  # [B, H + H_kv, hd]
+            outs = []
+            for b, slot, pos in rows:
+                k_layer, v_layer = cache.k[i, slot], cache.v[i, slot]  # [M, H_kv, hd] each
+                k_layer[pos] = rotated[b, H:]
+                v_layer[pos] = heads[b, H + H_kv:]
+                # 4-D, as the fused CPU kernel takes them (3-D falls back to unfused math)
+                keys = k_layer[None, :pos + 1].transpose(1, 2)  # [1, H_kv, S, hd]
+                values = v_layer[None, :pos + 1].transpose(1, 2)
+                queries = rotated[b, :H].view(1, H_kv, G, hd)  # G query heads a kv head
+                outs.append(F.scaled_dot_product_attention(queries, keys, values))
+            out = outs[0] if B == 1 else torch.cat(outs)  # [B, H_kv, G, hd]
+            x = torch.addmm(x, out.reshape(B, H * hd), w_o)  # [B, D]
+            gate_up = torch.mm(x, w_gate_up).div_(norm(x))  # [B, 2·I]
             gate, up = gate_up.split(self.intermediate, dim=-1)
             x = torch.addmm(x, F.silu(gate).mul_(up), w_down)
-        cache.lengths[slot] = pos + 1
+        cache.lengths[slots] = positions + 1
         return torch.mm(x, self.head).div_(norm(x))

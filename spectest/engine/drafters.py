@@ -165,6 +165,11 @@ class NGramDrafter:
         return Proposal(tokens, np.array([len(f) for f in found], dtype=np.int64), None)
 
 
+# batch sizes up to which a draft model's one-token steps run on engine.draft_decode's
+# RowDecoder (one attention call a row) rather than the model's batched forward: measured below
+ROW_DECODER_MAX_ROWS = 8
+
+
 class DraftModelDrafter:
     """A small model sharing the target's tokenizer, with its own per-slot KV cache.
 
@@ -202,6 +207,10 @@ class DraftModelDrafter:
 
     def rewind(self, slot: int, n_valid: int) -> None:
         self.cache.lengths[slot] = min(int(self.cache.lengths[slot]), n_valid)
+
+    def _row_steps(self, rows: int) -> bool:
+        """Whether one-token steps of ``rows`` rows run on the folded row decoder."""
+        return self.row is not None and rows <= ROW_DECODER_MAX_ROWS
 
     def _token_ids(self, columns: torch.Tensor) -> torch.Tensor:
         return columns if self.head_ids is None else self.head_ids[columns]
@@ -320,8 +329,8 @@ class DraftModelDrafter:
             for i, p in enumerate(pending):
                 feed[i, :len(p)] = p
             feed = self.place.tokens(feed)
-        if width == 1 and len(rows) == 1 and self.row is not None:
-            return self.row.step(feed, self.cache, int(slots[0]))  # [1, N]
+        if width == 1 and self._row_steps(len(rows)):
+            return self.row.step(feed, self.cache, slots)  # [B, N]
         start = lengths[slots].copy()
         logits = self.model(feed, self.cache, slots)  # [B, width, N]
         lengths[slots] = start + n_pending
@@ -334,8 +343,8 @@ class DraftModelDrafter:
                      active_dev: torch.Tensor | None) -> torch.Tensor:
         """Logits [b, N] for the next draft of the rows still drafting (their ``slots`` [b];
         their indices on the device, or None for all rows), which drafted ``pick`` [b]."""
-        if len(slots) == 1 and self.row is not None:
-            return self.row.step(pick, self.cache, int(slots[0]))
+        if self._row_steps(len(slots)):
+            return self.row.step(pick, self.cache, slots)
         return self.model(pick[:, None], self.cache, slots)[:, -1]
 
 

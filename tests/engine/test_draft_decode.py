@@ -1,10 +1,11 @@
-"""The draft's one-row step on folded weights computes what the model's own forward computes.
+"""The draft's one-token steps on folded weights compute what the model's own forward computes.
 
 RowDecoder's arithmetic differs from the model's forward only in rounding: its logits and the
 keys and values it writes match the forward's to float32 precision, on the embedded draft and
 on a random model with grouped-query attention, several layers, an untied head and a restricted
-head; the slot's length grows by one; a full cache refuses. It applies only where it may
-(prepared float32 CPU models), and the drafter proposes the same greedy drafts with it.
+head, for one row and for rows of different lengths in slots out of order; each slot's length
+grows by one; a full cache refuses. It applies only where it may (prepared float32 CPU models),
+and the drafter proposes the same greedy drafts with it, one row or several.
 """
 
 from __future__ import annotations
@@ -67,6 +68,29 @@ def test_row_step_matches_the_models_forward(name):
     assert fast.lengths[0] == 0  # other slots untouched
 
 
+def test_rows_of_different_lengths_match_their_own_forwards():
+    model = prepare_for_inference(random_model(5))
+    decoder = row_decoder(model)
+    reference, fast = model.new_cache(4, 128), model.new_cache(4, 128)
+    gen = torch.Generator().manual_seed(1)
+    slots, lengths = [3, 0, 2], [9, 33, 20]
+    with torch.inference_mode():
+        for slot, n in zip(slots, lengths):
+            prompt = torch.randint(0, 97, (1, n), generator=gen)
+            for cache in (reference, fast):
+                model(prompt, cache, [slot])
+        for _ in range(3):
+            tokens = torch.randint(0, 97, (3,), generator=gen)
+            got = decoder.step(tokens, fast, np.array(slots))  # [3, V]
+            for b, slot in enumerate(slots):
+                want = model(tokens[b].view(1, 1), reference, [slot])[0, -1]
+                torch.testing.assert_close(got[b], want, rtol=1e-4, atol=1e-4)
+        assert fast.lengths.tolist() == reference.lengths.tolist() == [36, 0, 23, 12]
+        for slot, n in zip(slots, (36, 23, 12)):
+            torch.testing.assert_close(fast.k[:, slot, :n], reference.k[:, slot, :n],
+                                       rtol=1e-3, atol=1e-4)
+
+
 def test_a_full_cache_refuses():
     model = prepare_for_inference(random_model())
     cache = model.new_cache(1, 8)
@@ -85,21 +109,26 @@ def test_only_prepared_float_cpu_models_get_one():
     assert row_decoder(exact) is None
 
 
-def test_the_drafter_proposes_what_the_models_forward_proposes():
+@pytest.mark.parametrize("n_rows", [1, 3])
+def test_the_drafter_proposes_what_the_models_forward_proposes(n_rows):
     model = prepare_for_inference(random_model(4))
-    fast = DraftModelDrafter(model, n_slots=2, max_len=128)
-    plain = DraftModelDrafter(model, n_slots=2, max_len=128)
+    fast = DraftModelDrafter(model, n_slots=4, max_len=128)
+    plain = DraftModelDrafter(model, n_slots=4, max_len=128)
     plain.row = None
     assert fast.row is not None
-    rng = np.random.default_rng(0)
-    tokens = rng.integers(0, 97, 30).tolist()
-    for drafter in (fast, plain):
-        drafter.admit(0, tokens[:-1])
-    for _ in range(6):
-        row = DraftRow(0, tokens, 4, SamplingParams(temperature=0.0))
-        got, want = fast.propose([row]), plain.propose([row])
-        assert got.tokens.tolist() == want.tokens.tolist()
-        accepted = int(rng.integers(0, 5))  # as if verification kept this many, plus a bonus
-        tokens = tokens + got.tokens[0, :accepted].tolist() + [int(rng.integers(0, 97))]
+    rng = np.random.default_rng(n_rows)
+    seqs = {slot: rng.integers(0, 97, 20 + 7 * slot).tolist() for slot in range(n_rows)}
+    for slot, tokens in seqs.items():
         for drafter in (fast, plain):
-            drafter.rewind(0, len(tokens) - 1)
+            drafter.admit(slot, tokens[:-1])
+    for _ in range(6):
+        rows = [DraftRow(slot, tokens, 4, SamplingParams(temperature=0.0))
+                for slot, tokens in seqs.items()]
+        got, want = fast.propose(rows), plain.propose(rows)
+        assert got.tokens.tolist() == want.tokens.tolist()
+        for i, slot in enumerate(seqs):
+            accepted = int(rng.integers(0, 5))  # as if verification kept this many, + a bonus
+            seqs[slot] = seqs[slot] + got.tokens[i, :accepted].tolist() + \
+                [int(rng.integers(0, 97))]
+            for drafter in (fast, plain):
+                drafter.rewind(slot, len(seqs[slot]) - 1)
