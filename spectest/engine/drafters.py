@@ -166,7 +166,9 @@ class NGramDrafter:
 
 
 # batch sizes up to which a draft model's one-token steps run on engine.draft_decode's
-# RowDecoder (one attention call a row) rather than the model's batched forward: measured below
+# RowDecoder (one attention call a row) rather than the model's batched forward. Measured
+# (benchmarks/draft_step.py, embedded draft, one thread): 0.68 / 0.54 / 0.71 / 0.84 of the
+# forward's time at 1 / 2 / 4 / 8 rows, 0.94 at 12, 1.05 at 16
 ROW_DECODER_MAX_ROWS = 8
 
 

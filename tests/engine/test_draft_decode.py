@@ -10,10 +10,15 @@ and the drafter proposes the same greedy drafts with it, one row or several.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
+from spectest import procs
 from spectest.engine.draft_decode import row_decoder
 from spectest.engine.drafters import DraftModelDrafter, DraftRow
 from spectest.engine.inference import prepare_for_inference
@@ -132,3 +137,13 @@ def test_the_drafter_proposes_what_the_models_forward_proposes(n_rows):
                 [int(rng.integers(0, 97))]
             for drafter in (fast, plain):
                 drafter.rewind(slot, len(seqs[slot]) - 1)
+
+
+def test_the_benchmark_runs():
+    """``benchmarks/draft_step.py`` (the figures in docs/results.md) runs, briefly."""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "draft_step.py"),
+                          "--batches", "1,3", "--repeats", "3"], capture_output=True,
+                         text=True, timeout=300, env=procs.python_env(), check=False)
+    assert out.returncode == 0, out.stderr
+    assert "row decoder" in out.stdout and "same argmax: True" in out.stdout
