@@ -192,7 +192,8 @@ class DraftModelDrafter:
         self.cache = model.new_cache(n_slots, max_len)
         self.vocab_size = model.config.vocab_size
         self.head_ids = model.head_ids  # [N] or None (the whole vocabulary)
-        # one row's one-token steps on folded weights (CPU float32 models; engine.draft_decode)
+        # one-token steps of up to ROW_DECODER_MAX_ROWS rows on folded weights (CPU float32
+        # models; engine.draft_decode)
         self.row = row_decoder(model)
 
     def admit(self, slot: int, prompt: list[int]) -> None:
