@@ -74,6 +74,7 @@ async def greedy_phase(s: AuditSettings, cand: Client, base: Client, result: Aud
     t0 = time.perf_counter()
     bar = collect.progress_bar(s, len(cases) * 3, "greedy")
     runs = await asyncio.gather(*(collect.greedy_pair(cand, base, c, s, bar) for c in cases))
+    stop_if_cancelled()
     bar.close()
     c_out, b_out, scored = (list(x) for x in zip(*runs))
     result.greedy_runs = c_out
@@ -113,6 +114,17 @@ def judge_logprobs(result: AuditRun, thresholds: logprobs.Thresholds, saver) -> 
             saver.logprobs("base", w, made[0])
 
 
+def stop_if_cancelled() -> None:
+    """End the audit here if it was cancelled (SIGINT, or SIGTERM made one) while the phase
+    just awaited ran on: Python 3.11's ``wait_for`` and ``gather`` can swallow a cancellation
+    that lands as what they wait for completes, and the audit then ran to the end and passed.
+    A task keeps counting requested cancellations (``Task.cancelling``) even when one was
+    swallowed, so the next phase boundary honours it and the checks that finished are kept."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 async def sampled_phase(s: AuditSettings, cand: Client, base: Client, result: AuditRun,
                         phase: list[str],
                         saver, alpha: float, spec: SamplingSpec | None = None) -> None:
@@ -128,6 +140,7 @@ async def sampled_phase(s: AuditSettings, cand: Client, base: Client, result: Au
         cand, base, scoring.prompt_for(cand, cases[0]), temperature=spec.temperature,
         top_p=spec.top_p, top_k=spec.top_k, max_tokens=s.sample_tokens, logprobs=s.logprobs,
         ignore_eos=s.ignore_eos, seed=s.seed)
+    stop_if_cancelled()
     if result.failure is not None:
         return
     c_out = result.greedy_runs
@@ -152,6 +165,7 @@ async def sampled_phase(s: AuditSettings, cand: Client, base: Client, result: Au
                                           "same way under a constraint that allows only "
                                           "their text")
     triples, control = await collect.sampled_phase(cand, base, cases, s, bool(why), spec=spec)
+    stop_if_cancelled()
     result.sampled_runs = [c for _, _, c, _ in triples]
     result.speculation["sampled"] = collect.spec_totals(result.sampled_runs)
     collect.count(result.coverage, "left_out_tokens",
