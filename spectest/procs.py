@@ -18,6 +18,7 @@ line that names the log.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
@@ -236,6 +237,25 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
             proc.send_signal(sig)
         except ProcessLookupError:
             pass
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """Within the block, SIGTERM raises KeyboardInterrupt: the same clean stop as Ctrl-C, for
+    commands that keep what they finished (a cancelled CI job sends SIGTERM). It raises it
+    itself rather than re-sending SIGINT, which a job a script started in the background
+    ignores. The main thread only (elsewhere the block runs as it is)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def exit_on_sigterm() -> None:

@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from spectest import procs
 from spectest.procs import REPO_ROOT
 
 STUBBORN = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
@@ -90,3 +91,19 @@ def test_start_up_time_counts_from_spawn_when_children_are_waited_for_in_turn(tm
     finally:
         for child in children:
             child.stop()
+
+
+def test_sigterm_inside_the_block_is_ctrl_c_even_where_sigint_is_ignored():
+    """A cancelled CI job's SIGTERM stops a command as Ctrl-C does, whatever SIGINT's
+    disposition (a job a script started in the background ignores SIGINT), and the handler
+    before the block is back after it."""
+    before_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    before_term = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with procs.sigterm_as_interrupt():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # the handler raises before this ends
+        assert signal.getsignal(signal.SIGTERM) is before_term
+    finally:
+        signal.signal(signal.SIGINT, before_int)

@@ -115,10 +115,10 @@ def judge_logprobs(result: AuditRun, thresholds: logprobs.Thresholds, saver) -> 
 
 
 def stop_if_cancelled() -> None:
-    """End the audit here if it was cancelled (SIGINT, or SIGTERM made one) while the phase
-    just awaited ran on: Python 3.11's ``wait_for`` and ``gather`` can swallow a cancellation
-    that lands as what they wait for completes, and the audit then ran to the end and passed.
-    A task keeps counting requested cancellations (``Task.cancelling``) even when one was
+    """End the audit here if it was cancelled (Ctrl-C or SIGTERM) while the phase just awaited
+    ran on. A guard: Python 3.11's ``wait_for`` and ``gather`` can swallow a cancellation that
+    lands as what they wait for completes, and a stopped audit must not run on to a verdict. A
+    task keeps counting requested cancellations (``Task.cancelling``) even when one was
     swallowed, so the next phase boundary honours it and the checks that finished are kept."""
     task = asyncio.current_task()
     if task is not None and task.cancelling():

@@ -21,7 +21,7 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
-from spectest import flavours, smoke
+from spectest import flavours, procs, smoke
 from spectest.audit import gate, runner
 from spectest.audit.samples import AuditError
 from spectest.audit.settings import (CHECKS, CONDITIONS, NAMES, PROFILES, AuditSettings,
@@ -194,13 +194,8 @@ def main(args: argparse.Namespace) -> int:
         return gate.EXIT_CANNOT_RUN
     started, t0 = time.time(), time.perf_counter()
     main_thread = threading.current_thread() is threading.main_thread()
-    if main_thread:  # a cancelled CI job (SIGTERM) keeps its report, like Ctrl-C
-        previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        run = runner.run(settings)
-    finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)
+    with procs.sigterm_as_interrupt():  # a cancelled CI job (SIGTERM) keeps its report
+        run = runner.run(settings, (signal.SIGTERM,) if main_thread else ())
     outs = gate.outcomes(run)
     report = gate.build_report(run, outs, started, time.perf_counter() - t0)
     try:
@@ -215,11 +210,6 @@ def main(args: argparse.Namespace) -> int:
     if report["exit_code"] == gate.EXIT_CANNOT_RUN:
         print(f"spectest audit: could not run: {report['reason']}", file=sys.stderr)
     return report["exit_code"]
-
-
-def _interrupt(signum, frame):
-    # Re-raised as SIGINT, which asyncio turns into a clean cancellation of the running audit.
-    signal.raise_signal(signal.SIGINT)
 
 
 def build_parser() -> argparse.ArgumentParser:

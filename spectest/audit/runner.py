@@ -30,6 +30,7 @@ from spectest.audit.run import AuditRun
 from spectest.audit.samples import AuditError, ServerFailure
 from spectest.audit.servers import ServerProcess, ServerSpec
 from spectest.audit.settings import EMBEDDED, AuditSettings
+from spectest.loops import cancelled_on
 
 CALIBRATION_PROMPTS = 8  # greedy runs that measure the noise floor when base is not run
 # how long each condition takes against the base one (bundled engine, default sizes): the ETA
@@ -48,8 +49,10 @@ def endpoints_for(settings: AuditSettings, urls: dict[str, str]) -> tuple[Endpoi
                      settings.api_key, settings.baseline_flavour))
 
 
-def run(settings: AuditSettings) -> AuditRun:
-    """Run the audit (synchronously). Never raises AuditError: it lands in ``run.error``."""
+def run(settings: AuditSettings, stop_signals: tuple[int, ...] = ()) -> AuditRun:
+    """Run the audit (synchronously). Never raises AuditError: it lands in ``run.error``.
+    Ctrl-C, or one of ``stop_signals`` (the main thread's: the CLI passes SIGTERM) while the
+    audit talks to the servers, ends it keeping the checks that finished."""
     result = AuditRun(settings)
     result.tests = conditions.statistical_tests(settings)
     result.alpha = settings.alpha / max(1, result.tests)
@@ -60,10 +63,11 @@ def run(settings: AuditSettings) -> AuditRun:
             cand, base = endpoints_for(settings, urls)
             result.endpoints = {e.role: {"url": e.url, "model": e.model, "extra": dict(e.extra)}
                                 for e in (cand, base)}
-            asyncio.run(_collect(settings, cand, base, records, result))
+            asyncio.run(cancelled_on(stop_signals,
+                                     _collect(settings, cand, base, records, result)))
         except AuditError as exc:
             result.error = str(exc)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, asyncio.CancelledError):
             result.interrupted = True
             result.error = "interrupted; the checks that finished are kept"
             _logprobs_so_far(result, settings)

@@ -18,11 +18,11 @@ import time
 
 from rich.console import Console
 
-from spectest import smoke
+from spectest import procs, smoke
 from spectest.sweep import config as config_mod
 from spectest.sweep.embedded import ServerStartError
 from spectest.sweep.progress import Display
-from spectest.sweep.run import SweepRunner, sigterm_as_interrupt
+from spectest.sweep.run import SweepRunner
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,7 +38,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"spectest sweep: {e}", file=sys.stderr)
         return 2
     runner = SweepRunner(cfg, Display(console))
-    with sigterm_as_interrupt():
+    with procs.sigterm_as_interrupt():
         try:
             result = runner.run()
         except ServerStartError as e:
@@ -56,7 +56,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     if not getattr(args, "no_report", False):
         from spectest.report.render import render_report, summary_lines
-        with sigterm_as_interrupt():
+        with procs.sigterm_as_interrupt():
             try:
                 out = render_report(result.folder)
             except KeyboardInterrupt:

@@ -437,17 +437,3 @@ def _last_error(log_tail: str) -> str:
         if "spectest:" in line and ("ERROR" in line or "cannot" in line):
             return line.split("spectest:", 1)[1].strip()[:200]
     return ""
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt():
-    """Within the block, SIGTERM raises KeyboardInterrupt (the same clean stop as Ctrl-C)."""
-    import signal
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)

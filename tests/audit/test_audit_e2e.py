@@ -132,12 +132,17 @@ def test_injected_fault_fails_the_right_check_and_names_the_cause(fault, models,
         assert "greedy diverges" in report["worst_prompts"][0]["problems"][0]
 
 
-def test_a_cancelled_audit_keeps_the_checks_that_finished(correct_url, tmp_path):
-    """SIGTERM (a cancelled CI job) during the sampled phase: exit 2, greedy result kept."""
+@pytest.mark.parametrize("sigint", [signal.SIG_DFL, signal.SIG_IGN],
+                         ids=["sigint-default", "sigint-ignored"])
+def test_a_cancelled_audit_keeps_the_checks_that_finished(correct_url, tmp_path, sigint):
+    """SIGTERM (a cancelled CI job) during the sampled phase: exit 2, greedy result kept —
+    also where SIGINT is ignored, as in a job a script started in the background (the audit
+    once re-sent SIGTERM as SIGINT, and there it ran on to a verdict)."""
     argv = [sys.executable, "-m", "spectest.audit", "--candidate", correct_url, "--baseline",
             correct_url, "--out", str(tmp_path), "--progress", *small(prompts=8, samples=16)]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
-                            env=python_env())
+                            env=python_env(),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
     seen, deadline = b"", time.monotonic() + 120
     while b"sampling" not in seen and time.monotonic() < deadline:
         chunk = os.read(proc.stderr.fileno(), 4096)  # the progress bar says where it is
