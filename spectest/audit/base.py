@@ -136,12 +136,13 @@ async def sampled_phase(s: AuditSettings, cand: Client, base: Client, result: Au
     spec = spec or s.sampling
     phase[0] = "sampling ladder"
     t0 = time.perf_counter()
-    result.failure, rung = await failures.sampling_ladder(
+    result.failure, rung, failed = await failures.sampling_ladder(
         cand, base, scoring.prompt_for(cand, cases[0]), temperature=spec.temperature,
         top_p=spec.top_p, top_k=spec.top_k, max_tokens=s.sample_tokens, logprobs=s.logprobs,
         ignore_eos=s.ignore_eos, seed=s.seed)
     stop_if_cancelled()
     if result.failure is not None:
+        saver.serving("base", result.failure, failed.path, failed.body)
         return
     c_out = result.greedy_runs
     processed = bool(c_out and rung and rung.positions and c_out[0].positions and

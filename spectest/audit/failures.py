@@ -94,11 +94,13 @@ def ladder(temperature: float, top_p: float, top_k: int) -> list[tuple[str, dict
 async def sampling_ladder(cand: Client, base: Client, prompt, *,
                           temperature: float, top_p: float, top_k: int, max_tokens: int,
                           logprobs: int, ignore_eos: bool,
-                          seed: int) -> tuple[CandidateFailure | None, Completion | None]:
+                          seed: int) -> tuple[CandidateFailure | None, Completion | None,
+                                              ServerFailure | None]:
     """One sampled request per rung of :func:`ladder`; the first the candidate fails (and the
-    baseline serves) is the finding, naming the setting that rung added. Also returns the
-    first rung's completion (temperature only), which tells how the candidate reports
-    logprobs at temperature > 0 (``scoring.processed_logprobs``)."""
+    baseline serves) is the finding, naming the setting that rung added, with the failed
+    request (its reproducer). Also returns the first rung's completion (temperature only),
+    which tells how the candidate reports logprobs at temperature > 0
+    (``scoring.processed_logprobs``)."""
     first = None
     for added, settings in ladder(temperature, top_p, top_k):
         kw = {"top_p": 1.0, "top_k": -1, **settings}
@@ -112,5 +114,5 @@ async def sampling_ladder(cand: Client, base: Client, prompt, *,
             # the first rung adds temperature > 0 to the greedy requests already served
             return await confirm(exc, cand, base, "sampling ladder",
                                  breaking="temperature > 0" if added == "temperature"
-                                 else added), first
-    return None, first
+                                 else added), first, exc
+    return None, first, None

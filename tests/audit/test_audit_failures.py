@@ -11,6 +11,8 @@ exit 2.
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 
 from aiohttp import web
 from conftest import run_audit, small
@@ -42,6 +44,10 @@ def test_a_candidate_that_dies_on_top_k_fails_the_audit_naming_top_k(correct_url
     assert serving["phase"] == "sampling ladder" and serving["alive_after"] is False
     assert serving["request"]["top_k"] == 20 and "HTTP 500" in serving["error"]
     assert "top_k is what breaks it" in outcome.stdout
+    # the failed request is saved, to send again or attach to a bug report
+    (saved,) = report["reproducers"]
+    doc = json.loads(Path(saved).read_text())
+    assert doc["check"] == "serving" and doc["request"]["candidate"]["top_k"] == 20
     # what ran before the failure is kept
     assert report["checks"]["greedy"]["status"] == "pass"
     assert report["checks"]["logprobs"]["status"] == "pass"
