@@ -8,7 +8,8 @@ caller gives), quoting the log's last lines when it dies or never gets ready, an
 SIGTERM to the whole group, then SIGKILL after a grace. The kernel also sends it SIGTERM when
 spectest itself dies without cleaning up (``PR_SET_PDEATHSIG``; from the main thread only: the
 signal follows the thread that forked) — a signal a busy server may take its time over, which is
-why scripts that own servers also call :func:`exit_on_sigterm`.
+why scripts that own servers also call :func:`exit_on_sigterm`; commands that keep what they
+finished use :func:`sigterm_as_interrupt` instead (SIGTERM as Ctrl-C).
 
 Does not know: what the child is for. :class:`Child` is used as ``with Child(...) as child``;
 ``child.url`` is the base URL: the caller's (it chose the port), or the first group of the

@@ -74,7 +74,6 @@ async def greedy_phase(s: AuditSettings, cand: Client, base: Client, result: Aud
     t0 = time.perf_counter()
     bar = collect.progress_bar(s, len(cases) * 3, "greedy")
     runs = await asyncio.gather(*(collect.greedy_pair(cand, base, c, s, bar) for c in cases))
-    stop_if_cancelled()
     bar.close()
     c_out, b_out, scored = (list(x) for x in zip(*runs))
     result.greedy_runs = c_out
@@ -114,17 +113,6 @@ def judge_logprobs(result: AuditRun, thresholds: logprobs.Thresholds, saver) -> 
             saver.logprobs("base", w, made[0])
 
 
-def stop_if_cancelled() -> None:
-    """End the audit here if it was cancelled (Ctrl-C or SIGTERM) while the phase just awaited
-    ran on. A guard: Python 3.11's ``wait_for`` and ``gather`` can swallow a cancellation that
-    lands as what they wait for completes, and a stopped audit must not run on to a verdict. A
-    task keeps counting requested cancellations (``Task.cancelling``) even when one was
-    swallowed, so the next phase boundary honours it and the checks that finished are kept."""
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
-
-
 async def sampled_phase(s: AuditSettings, cand: Client, base: Client, result: AuditRun,
                         phase: list[str],
                         saver, alpha: float, spec: SamplingSpec | None = None) -> None:
@@ -140,7 +128,6 @@ async def sampled_phase(s: AuditSettings, cand: Client, base: Client, result: Au
         cand, base, scoring.prompt_for(cand, cases[0]), temperature=spec.temperature,
         top_p=spec.top_p, top_k=spec.top_k, max_tokens=s.sample_tokens, logprobs=s.logprobs,
         ignore_eos=s.ignore_eos, seed=s.seed)
-    stop_if_cancelled()
     if result.failure is not None:
         saver.serving("base", result.failure, failed.path, failed.body)
         return
@@ -166,7 +153,6 @@ async def sampled_phase(s: AuditSettings, cand: Client, base: Client, result: Au
                                           "same way under a constraint that allows only "
                                           "their text")
     triples, control = await collect.sampled_phase(cand, base, cases, s, bool(why), spec=spec)
-    stop_if_cancelled()
     result.sampled_runs = [c for _, _, c, _ in triples]
     result.speculation["sampled"] = collect.spec_totals(result.sampled_runs)
     collect.count(result.coverage, "left_out_tokens",
