@@ -97,6 +97,15 @@ class Client:
         self._session = aiohttp.ClientSession(timeout=self._timeout, headers=headers)
         return self
 
+    def sibling(self, concurrency: int | None = None, timeout_s: float | None = None) -> Client:
+        """A client of the same server, as probed (routes, model, scoring route), with its
+        own connection pool and request timeout: for bursts and long requests."""
+        twin = Client(self.endpoint, concurrency or self.concurrency,
+                      timeout_s or self._timeout.total, self._retries)
+        twin.routes, twin.model, twin._echo_tokens = self.routes, self.model, self._echo_tokens
+        twin.requests_ok = self.requests_ok
+        return twin
+
     async def reset_session(self) -> None:
         """After the server came back from a crash: drop the connections to the old one."""
         old = self._session

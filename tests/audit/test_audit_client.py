@@ -9,6 +9,7 @@ server that drops the connection on the request itself, every time, is still a s
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 from aiohttp import web
@@ -17,12 +18,14 @@ from spectest.audit.client import Client, Endpoint
 from spectest.audit.samples import ServerFailure
 
 
-async def _serve(drops: int):
-    """A server that aborts the connection of its first ``drops`` requests."""
+async def _serve(drops: int, delay: float = 0.0):
+    """A server that aborts the connection of its first ``drops`` requests and answers the
+    others after ``delay`` seconds."""
     seen = {"n": 0}
 
     async def handle(request: web.Request) -> web.Response:
         seen["n"] += 1
+        await asyncio.sleep(delay)
         if seen["n"] <= drops:
             request.transport.close()  # what a server closing the connection looks like
             await asyncio.sleep(0.05)
@@ -62,3 +65,23 @@ def test_a_server_that_drops_every_time_is_a_serving_failure():
         finally:
             await runner.cleanup()
     assert asyncio.run(main()) == 2  # sent once more, never a third time
+
+
+def test_a_sibling_keeps_what_was_probed_and_has_its_own_timeout():
+    """The preemption condition's long bursts go through a sibling client given more time:
+    the same server, routes and model, a longer timeout; the original keeps its own."""
+    async def main():
+        runner, url, _ = await _serve(drops=0, delay=0.6)
+        try:
+            async with Client(Endpoint("candidate", url), timeout_s=0.2) as client:
+                client.model, client.routes = "m", replace(client.routes, echo=False)
+                with pytest.raises(ServerFailure, match="did not answer POST "
+                                                        "/v1/completions within 0 s"):
+                    await client.call("POST", "/v1/completions", {"prompt": "x"})
+                async with client.sibling(concurrency=3, timeout_s=5) as twin:
+                    data = await twin.call("POST", "/v1/completions", {"prompt": "x"})
+                    return data, twin.model, twin.routes.echo, twin.concurrency
+        finally:
+            await runner.cleanup()
+    data, model, echo, width = asyncio.run(main())
+    assert data == {"ok": 2} and model == "m" and echo is False and width == 3

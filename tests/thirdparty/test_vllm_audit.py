@@ -69,3 +69,6 @@ def test_plain_vllm_against_itself_passes_every_condition_of_the_full_profile(vl
                         "params": "pass", "preemption": "not reached"}, report["conditions"]
     prefix = next(c for c in report["conditions"] if c["name"] == "prefix-reuse")
     assert "hit counter rose" in " ".join(prefix["evidence"])  # vLLM's cache really served
+    # told from vLLM's KV size before any burst: 6 requests of its whole context fit
+    preemption = next(c for c in report["conditions"] if c["name"] == "preemption")
+    assert "cannot preempt: 6 requests" in preemption["reason"], preemption

@@ -23,7 +23,6 @@ import math
 import time
 
 from spectest.audit.background import SETTINGS, Background
-from spectest.audit.client import Client
 from spectest.audit.conditions.common import (FAIL, CheckResult, ConditionResult, Context,
                                               greedy_runs, guarded, judge_greedy, revive,
                                               sampled_check, timed)
@@ -47,8 +46,7 @@ async def run(ctx: Context, result: ConditionResult) -> None:
     # background's queue
     width = s.load_concurrency if ctx.cand.concurrency >= s.concurrency else \
         max(1, ctx.cand.concurrency // 2)
-    client = Client(ctx.cand.endpoint, width, s.timeout)
-    client.routes, client.model = ctx.cand.routes, ctx.cand.model
+    client = ctx.cand.sibling(width, s.timeout)
     settings = background_settings(ctx.avoid)
     async with client, Background(client, records, width, s.seed,
                                   settings=settings) as bg:

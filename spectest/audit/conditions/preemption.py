@@ -11,7 +11,11 @@ positions) passes every other condition and fails here.
 
 Reached when the candidate's preemption counter (``num_preemptions``) rose while its requests
 ran; a server with no such counter, or one that never preempted, leaves it "not reached", with
-what it would take.
+what it would take. Where the KV cache holds every request at its whole context (told from its
+size, before any burst) nothing is sent. Where the server does not say how many requests it runs
+at once, bursts of 32, 128 and 512 tokens show it (until a scrape of its running-requests gauge
+sees them), and their pace sets the long burst's timeout: the candidate is given twice the time
+that pace implies, so a slow server under a deliberate overload is not reported as failing.
 
 Does not know: the statistics (``conditions.common``) or report files.
 """
@@ -19,6 +23,7 @@ Does not know: the statistics (``conditions.common``) or report files.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import replace
 
 from spectest.audit import collect, scoring
@@ -29,7 +34,8 @@ from spectest.telemetry import names as N
 
 TITLE = ("preemption: more long requests at once than the candidate's KV cache holds, so it "
          "preempts and recomputes")
-PROBE_TOKENS = 32  # the short burst that shows how many requests a server runs at once
+# the bursts that show how many requests a server runs at once: longer until a scrape sees one
+PROBE_TOKENS = (32, 128, 512)
 
 
 async def capacity(client: Client) -> tuple[int | None, int | None]:
@@ -69,24 +75,28 @@ async def run(ctx: Context, result: ConditionResult) -> None:
     prompt = sum(len(c.ids) for c in cases) // n
     context = await context_length(ctx.cand) or (prompt + 4 * s.preemption_tokens)
     most = context - max(len(c.ids) for c in cases) - 32
+    if room and n * context <= room:  # however many it runs at once, all of them fit
+        return _cannot(result, room, n, context, "sent")
+    rate = None  # seconds per generated token of a request in a burst, where measured
     if room and at_once is None:  # a short burst shows how many it runs at once
-        _, at_once = await _burst(ctx, result, cases, PROBE_TOKENS)
-        if at_once:
-            result.notes.append(f"a short burst showed it runs {at_once} requests at once")
+        for probe in PROBE_TOKENS:  # longer, until a scrape sees requests running
+            outs, at_once, wall = await _burst(ctx, result, cases, probe)
+            if outs is None:
+                return result.settle(why=ctx.dead)
+            rate = wall / probe
+            if at_once:
+                result.notes.append(f"a burst of {probe} tokens showed it runs {at_once} "
+                                    f"requests at once")
+                break
     if at_once:
         n = min(n, at_once + 2)  # enough to keep every place busy, no more
         cases = cases[:n]
         if room and at_once * context <= room:
-            result.evidence.append(f"its KV cache holds {room} tokens and it runs {at_once} "
-                                   f"requests of at most {context} at once")
-            result.status = NOT_REACHED
-            result.reason = (f"the candidate cannot preempt: {at_once} requests of its whole "
-                             f"context ({context} tokens) fit in its KV cache ({room}); give "
-                             f"it a smaller one (spectest serve --kv-budget-tokens, vLLM "
-                             f"--num-gpu-blocks-override)")
-            return
+            return _cannot(result, room, at_once, context, "run at once")
     tokens = sized(room, at_once, n, prompt, s.preemption_tokens, most)
-    outs, _ = await _burst(ctx, result, cases, tokens)
+    # a long burst is given the time the probe's pace implies, twice over (recomputation)
+    timeout = max(s.timeout, 2 * rate * tokens) if rate else s.timeout
+    outs, _, _ = await _burst(ctx, result, cases, tokens, timeout)
     after = await ctx.cand.metric(N.PREEMPTIONS)
     if outs is None:
         return result.settle(why=ctx.dead)
@@ -96,13 +106,14 @@ async def run(ctx: Context, result: ConditionResult) -> None:
           "ignore_eos": True, "fresh": True}
     bar = collect.progress_bar(s, 2 * n, "preemption: baseline")
     try:
-        base_outs = await guarded(ctx, result, "preemption", asyncio.gather(*(
-            collect.ticked(bar, ctx.base.complete(scoring.prompt_for(ctx.base, c), **kw))
-            for c in cases)))
-        scored = await asyncio.gather(*(
-            collect.ticked(bar, scoring.score(ctx.base, c, o.tokens, s.logprobs, known=b,
-                                              pieces=o.pieces))
-            for c, o, b in zip(cases, outs, base_outs))) if base_outs else None
+        async with ctx.base.sibling(timeout_s=timeout) as base:
+            base_outs = await guarded(ctx, result, "preemption", asyncio.gather(*(
+                collect.ticked(bar, base.complete(scoring.prompt_for(base, c), **kw))
+                for c in cases)))
+            scored = await asyncio.gather(*(
+                collect.ticked(bar, scoring.score(base, c, o.tokens, s.logprobs, known=b,
+                                                  pieces=o.pieces))
+                for c, o, b in zip(cases, outs, base_outs))) if base_outs else None
     finally:
         bar.close()
     if base_outs and scored:
@@ -122,12 +133,23 @@ async def run(ctx: Context, result: ConditionResult) -> None:
         f"--kv-budget-tokens, vLLM --num-gpu-blocks-override)"))
 
 
-async def _burst(ctx: Context, result: ConditionResult, cases, tokens: int):
+def _cannot(result: ConditionResult, room: int, n: int, context: int, how: str) -> None:
+    """Not reached: ``n`` requests of the whole context fit in the KV cache, so the server
+    cannot be made to preempt by these requests."""
+    result.evidence.append(f"its KV cache holds {room} tokens; {n} requests of at most "
+                           f"{context} would be {how}")
+    result.status = NOT_REACHED
+    result.reason = (f"the candidate cannot preempt: {n} requests of its whole context "
+                     f"({context} tokens) fit in its KV cache ({room}); give it a smaller one "
+                     f"(spectest serve --kv-budget-tokens, vLLM --num-gpu-blocks-override) or "
+                     f"send more (--preemption-requests)")
+
+
+async def _burst(ctx: Context, result: ConditionResult, cases, tokens: int,
+                 timeout: float | None = None):
     """Every request at once to the candidate (its own connection pool); returns the
-    completions (None if the candidate failed one) and the most it ran at once."""
-    n = len(cases)
-    burst = Client(ctx.cand.endpoint, n, ctx.s.timeout)
-    burst.routes, burst.model = ctx.cand.routes, ctx.cand.model
+    completions (None if the candidate failed one), the most it was seen running at once
+    (None where no scrape saw one) and the burst's wall time in seconds."""
     kw = {"max_tokens": tokens, "temperature": 0.0, "logprobs": ctx.s.logprobs,
           "ignore_eos": True, "fresh": True}
     seen: list[float] = []
@@ -137,9 +159,10 @@ async def _burst(ctx: Context, result: ConditionResult, cases, tokens: int):
             running = await ctx.cand.metric(N.RUNNING)
             if running is not None:
                 seen.append(running)
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.1)
 
-    async with burst:
+    start = time.monotonic()
+    async with ctx.cand.sibling(len(cases), timeout or ctx.s.timeout) as burst:
         watcher = asyncio.ensure_future(watch())
         try:
             outs = await guarded(ctx, result, "preemption", asyncio.gather(*(
@@ -147,4 +170,4 @@ async def _burst(ctx: Context, result: ConditionResult, cases, tokens: int):
         finally:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
-    return outs, int(max(seen)) if seen else None
+    return outs, (int(max(seen)) or None) if seen else None, time.monotonic() - start
