@@ -156,6 +156,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
          "one named that cannot run makes the audit exit 2", type=_conditions)
     _opt(g, "load_concurrency", "background requests in flight (load)")
     _opt(g, "load_prompts", "prompts audited under load")
+    _opt(g, "load_workload", "the background traffic's requests: a bundled dataset (chat, "
+         "code, rag, mixed) or a JSONL file, as --prompts; your own traffic's shape (load)")
     _opt(g, "prefix_prompts", "prompts sharing one prefix (prefix-reuse)")
     _opt(g, "prefix_tokens", "the shared prefix's length in tokens (prefix-reuse)")
     _opt(g, "long_tokens", "greedy tokens of each long output (long)")

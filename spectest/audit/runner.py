@@ -49,6 +49,13 @@ def endpoints_for(settings: AuditSettings, urls: dict[str, str]) -> tuple[Endpoi
                      settings.api_key, settings.baseline_flavour))
 
 
+def _check_load_workload(settings: AuditSettings) -> None:
+    try:
+        load_records(settings.load_workload, 1, settings.seed)
+    except AuditError as exc:
+        raise AuditError(f"--load-workload: {str(exc).removeprefix('prompt set: ')}") from None
+
+
 def run(settings: AuditSettings, stop_signals: tuple[int, ...] = ()) -> AuditRun:
     """Run the audit (synchronously). Never raises AuditError: it lands in ``run.error``.
     Ctrl-C, or one of ``stop_signals`` (the main thread's: the CLI passes SIGTERM) while the
@@ -59,6 +66,8 @@ def run(settings: AuditSettings, stop_signals: tuple[int, ...] = ()) -> AuditRun
     with contextlib.ExitStack() as stack:
         try:
             records = load_records(settings.prompts, settings.num_prompts, settings.seed)
+            if "load" in settings.planned:  # a bad background dataset fails before any server
+                _check_load_workload(settings)
             urls = _start_embedded(settings, stack, result)
             cand, base = endpoints_for(settings, urls)
             result.endpoints = {e.role: {"url": e.url, "model": e.model, "extra": dict(e.extra)}

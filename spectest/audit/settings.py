@@ -78,6 +78,7 @@ class AuditSettings:
     conditions: tuple[str, ...] = ()
     load_concurrency: int = 8  # background requests in flight under the load condition
     load_prompts: int = 8  # audited prompts under load (greedy + sampled)
+    load_workload: str = "mixed"  # the background traffic's records: a dataset, as ``prompts``
     prefix_prompts: int = 6  # prompts sharing one long prefix (prefix-reuse)
     prefix_tokens: int = 384  # the shared prefix's length
     long_tokens: int = 512  # greedy continuation length (long)

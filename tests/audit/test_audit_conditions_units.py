@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from spectest.audit import gate
+from spectest.audit import gate, runner
 from spectest.audit.conditions import statistical_tests
 from spectest.audit.conditions.common import CheckResult, ConditionResult
 from spectest.audit.conditions.load import acceptance_trend, background_settings
@@ -172,3 +172,10 @@ def test_a_replay_sends_the_candidate_s_requests_under_one_new_salt():
     assert out["background"]["bodies"][0]["cache_salt"] not in ("a", "b", salt)
     assert out["background"]["bodies"][1] == {"prompt": [4]}
     assert doc["steps"][0]["body"]["cache_salt"] == "a"  # the file's own record is left alone
+
+
+def test_a_bad_background_dataset_is_refused_before_any_server_is_reached():
+    settings = AuditSettings(candidate="http://127.0.0.1:9", baseline="http://127.0.0.1:9",
+                             conditions=("load",), load_workload="nope")
+    error = runner.run(settings).error
+    assert error.startswith("--load-workload: dataset 'nope': no such file"), error

@@ -1,7 +1,8 @@
 """The load condition: the audited requests run inside the candidate's busy, mixed batches.
 
 Owns: running a short audit — greedy pairs and a sampled test on ``--load-prompts`` prompts —
-while the candidate also serves background workload traffic (``audit.background``) at
+while the candidate also serves background workload traffic (``audit.background``; its records
+from ``--load-workload``, mixed chat, code and RAG by default) at
 ``--load-concurrency``: greedy and sampled requests of several temperatures and lengths, so the
 audited rows are verified beside rows of every kind, and batches change shape from round to
 round. A server that is exact alone and wrong in a mixed batch (a sampled row verified by the
@@ -40,7 +41,7 @@ UNDER = " (under load)"
 async def run(ctx: Context, result: ConditionResult) -> None:
     s = ctx.s
     cases = ctx.cases[:s.load_prompts]
-    records = load_records("mixed", 10**6, s.seed + 1)
+    records = load_records(s.load_workload, 10**6, s.seed + 1)
     # a server that runs few requests at once (llama.cpp's slots: the client was fitted to
     # them) keeps half its places for the audited requests, or they would wait out the
     # background's queue
@@ -84,8 +85,8 @@ async def run(ctx: Context, result: ConditionResult) -> None:
         result.checks.append(CheckResult("serving", FAIL, found.summary(), reproducer=path))
     gauge = served.running
     result.evidence.append(
-        f"{served.done} background requests ({width} in flight), {alongside} of "
-        f"them while the audited ones ran" + (
+        f"{served.done} background requests of {s.load_workload} ({width} in flight), "
+        f"{alongside} of them while the audited ones ran" + (
             f"; the candidate's running-requests gauge read {sum(gauge) / len(gauge):.1f} on "
             f"average (max {max(gauge):.0f}) over {len(gauge)} scrapes" if gauge else
             "; the candidate exposes no running-requests gauge"))
