@@ -240,21 +240,39 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
             pass
 
 
+class Terminated:
+    """What :func:`sigterm_as_interrupt` yields: whether SIGTERM came. Its handler raises
+    ``KeyboardInterrupt`` at once, but Python drops an exception raised while a ``__del__`` or
+    a weakref callback runs ("Exception ignored in …"), and the command would run on; so loops
+    that must stop call :meth:`check` at their safe points (a sweep's every poll), which raises
+    it again."""
+
+    def __init__(self) -> None:
+        self.signalled = False
+
+    def check(self) -> None:
+        if self.signalled:
+            raise KeyboardInterrupt
+
+
 @contextlib.contextmanager
 def sigterm_as_interrupt():
     """Within the block, SIGTERM raises KeyboardInterrupt: the same clean stop as Ctrl-C, for
     commands that keep what they finished (a cancelled CI job sends SIGTERM). It raises it
     itself rather than re-sending SIGINT, which a job a script started in the background
-    ignores. The main thread only (elsewhere the block runs as it is)."""
+    ignores. Yields a :class:`Terminated`. The main thread only (elsewhere the block runs as
+    it is, and SIGTERM is left alone)."""
+    terminated = Terminated()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield terminated
         return
 
     def handler(signum, frame):
+        terminated.signalled = True
         raise KeyboardInterrupt
     old = signal.signal(signal.SIGTERM, handler)
     try:
-        yield
+        yield terminated
     finally:
         signal.signal(signal.SIGTERM, old)
 

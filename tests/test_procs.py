@@ -107,3 +107,19 @@ def test_sigterm_inside_the_block_is_ctrl_c_even_where_sigint_is_ignored():
         assert signal.getsignal(signal.SIGTERM) is before_term
     finally:
         signal.signal(signal.SIGINT, before_int)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the drop
+def test_a_sigterm_python_dropped_in_a_finalizer_is_raised_again_by_check():
+    """Python drops an exception raised while a ``__del__`` runs: the handler's interrupt is
+    lost there, and the flag it set is what a loop's ``check`` raises again."""
+    class Finalizer:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(2)  # the handler runs here; its KeyboardInterrupt is dropped
+
+    with procs.sigterm_as_interrupt() as terminated:
+        Finalizer()  # collected at once
+        assert terminated.signalled
+        with pytest.raises(KeyboardInterrupt):
+            terminated.check()

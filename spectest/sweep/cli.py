@@ -37,8 +37,8 @@ def main(args: argparse.Namespace) -> int:
     except config_mod.ConfigError as e:
         print(f"spectest sweep: {e}", file=sys.stderr)
         return 2
-    runner = SweepRunner(cfg, Display(console))
-    with procs.sigterm_as_interrupt():
+    with procs.sigterm_as_interrupt() as terminated:
+        runner = SweepRunner(cfg, Display(console), terminated=terminated)
         try:
             result = runner.run()
         except ServerStartError as e:

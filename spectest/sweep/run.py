@@ -42,6 +42,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from spectest import procs
 from spectest.files import write_atomic as atomic_write
 from spectest.loadgen.scrape import detect_flavour
 from spectest.report import schedule as sch
@@ -90,8 +91,11 @@ class SweepRunner:
     def __init__(self, cfg: SweepConfig, display: Display | None = None,
                  step_fn: Callable[..., StepOutcome] = run_step,
                  server_factory: Callable[..., EmbeddedServer] = EmbeddedServer,
-                 pool_fn: Callable[..., dict | None] | None = None):
+                 pool_fn: Callable[..., dict | None] | None = None,
+                 terminated: procs.Terminated | None = None):
         self.cfg = cfg
+        # SIGTERM's flag (the CLI's): checked before each look and at each of its polls
+        self.terminated = terminated or procs.Terminated()
         self.out = Path(cfg.out)
         self.display = display or Display()
         self.step_fn = step_fn
@@ -339,7 +343,11 @@ class SweepRunner:
                         requests_per_step=cfg.requests_per_step, processes=cfg.processes)
         label = arm + (f" · look {k}/{looks}" if looks > 1 else "")
         self.display.start_step(name, label, c, index, total, plan.planned_s)
-        outcome = self.step_fn(plan, on_live=self.display.live, rel_to=self.out)
+        def live(update) -> None:
+            self.terminated.check()
+            self.display.live(update)
+        self.terminated.check()
+        outcome = self.step_fn(plan, on_live=live, rel_to=self.out)
         note = ""
         if outcome.timed_out:
             note = "overran its time limit and was stopped"

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from spectest import flavours
+from spectest import flavours, procs
 from spectest.report.render import render_report
 from spectest.sweep import run as run_mod
 from spectest.sweep.config import SweepConfig
@@ -98,6 +98,23 @@ def test_series_stop_two_steps_past_their_knee(runner):
     assert info["status"] == "finished" and set(info["stopped_series"]) == {
         "chat/spec", "chat/base", "code/spec", "code/base"}
     assert any("stopping this series early" in n for n in info["notes"])
+
+
+def test_a_sigterm_whose_interrupt_python_dropped_still_stops_the_sweep(runner):
+    """A KeyboardInterrupt raised by the SIGTERM handler inside a finalizer is dropped by
+    Python; the flag the handler set stops the sweep at the next poll of the step under way
+    (the step does not count), keeping the finished ones."""
+    terminated = procs.Terminated()
+    steps = FakeSteps()
+
+    def step(plan, on_live=None, rel_to=None):
+        if len(steps.plans) == 2:  # the third look: SIGTERM came, its interrupt was lost
+            terminated.signalled = True
+        return steps(plan, on_live, rel_to)
+    r, _ = runner(steps=(1, 2, 4), fake=step)
+    r.terminated = terminated
+    result = r.run()
+    assert result.status == "interrupted" and result.steps == 2 and len(steps.plans) == 3
 
 
 def test_interrupt_keeps_every_finished_step_and_renders(runner):
