@@ -90,7 +90,7 @@ def decode_queries(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     outs = [F.scaled_dot_product_attention(query, keys.narrow(2, 0, n), values.narrow(2, 0, n))
             for query, n in zip(queries, counts)]  # T × [1, H_kv, G, hd]
     out = outs[0].unsqueeze(1) if T == 1 else torch.stack(outs, dim=1)  # [1, T, H_kv, G, hd]
-    return out.view(1, T, H, hd).transpose(1, 2)
+    return out.reshape(1, T, H, hd).transpose(1, 2)  # reshape: a GPU kernel's layout may differ
 
 
 def host_slots(slots, batch: int) -> np.ndarray:

@@ -202,7 +202,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_cache,
         H_kv = keys.shape[1]
         grouped = q.transpose(1, 2).reshape(B, H_kv, mask.groups * T, hd)
         out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask.additive)
-        return out.view(B, H, T, hd).transpose(1, 2).reshape(B, T, H * hd)
+        # reshape, not view: a GPU kernel may return its output [B, H_kv, G·T, hd] laid out
+        # as [B, G·T, H_kv, hd], where G and H_kv cannot merge without a copy
+        return out.reshape(B, H, T, hd).transpose(1, 2).reshape(B, T, H * hd)
     q = q.transpose(1, 2)
     gqa = keys.shape[1] != H
     # mask: CAUSAL (training, no cache), None (attend every cached key), bool [B,1,T,S],

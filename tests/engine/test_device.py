@@ -229,3 +229,21 @@ def test_a_confidence_stop_reads_the_draft_each_step(engines):
     finally:
         engine.policy = FixedK(4)
     assert all(1 < s.count <= 1 + 4 for s in counted), [s.describe() for s in counted]
+
+
+@pytest.mark.parametrize("drafter", ["none", "draft-model", "ngram"])
+def test_attention_takes_the_kernels_output_in_any_layout(engines, drafter, monkeypatch):
+    """A GPU attention kernel may return [B, H, T, hd] laid out as [B, T, H, hd] (CUDA's
+    memory-efficient kernel does). The CPU's is contiguous, so here the kernel is wrapped to
+    return that layout: the same values, and so the same tokens, with no ``view`` that fails."""
+    engine = engines[drafter]
+    reqs = lambda: [_request(engine), _request(engine, 0.8, seed=1),  # noqa: E731
+                    _request(engine, max_tokens=12)]
+    expected = list(_generate(engine, reqs()).values())
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def gpu_layout(*args, **kwargs):
+        out = sdpa(*args, **kwargs)  # [..., H, T, hd]
+        return out.transpose(-3, -2).contiguous().transpose(-3, -2)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", gpu_layout)
+    assert list(_generate(engine, reqs()).values()) == expected
