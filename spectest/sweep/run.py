@@ -53,7 +53,7 @@ from spectest.sweep.config import SweepConfig
 from spectest.sweep.embedded import EmbeddedServer
 from spectest.sweep.progress import Display
 from spectest.sweep.step import StepOutcome, StepPlan, run_step
-from spectest.sweep.summary import summarize
+from spectest.sweep.summary import read_requests, summarize
 
 ADVISED = "spec-advised"
 VERIFY_ON, VERIFY_OFF = "verify-on", "verify-off"  # the references measured beside it
@@ -269,8 +269,8 @@ class SweepRunner:
                                                 index, total))
             rows = {arm: self.pool_fn(self._run_dir(name, arm, c), outcomes[arm], workload=name,
                                       arm=arm, concurrency=c) for arm in arms}
-            if any(r is None for r in rows.values()):
-                break
+            if any(r is None or _all_failed(r) for r in rows.values()):
+                break  # nothing to measure, or nothing another look would settle
             if looks is not None:
                 continue
             decision = self._judge(rows, k, limit, c)
@@ -298,6 +298,12 @@ class SweepRunner:
                 row["k"] = row["draft_tokens"] / row["drafts"]  # the mean K it ran
             self.rows.append(row)
         self._write()
+        for arm, row in rows.items():
+            if _all_failed(row):  # kept in the table above; no arm can be compared to it
+                path = self._run_dir(name, arm, c) / "requests.jsonl"
+                raise SweepFailed(f"{name} {arm} c={c}: every request failed ({row['failures']} "
+                                  f"of {row['requests']}): {_common_error(path)}; requests: "
+                                  f"{path}")
         return rows
 
     def _judge(self, rows: dict, k: int, looks: int, c: int):
@@ -445,3 +451,17 @@ def _last_error(log_tail: str) -> str:
         if "spectest:" in line and ("ERROR" in line or "cannot" in line):
             return line.split("spectest:", 1)[1].strip()[:200]
     return ""
+
+
+def _all_failed(row: dict | None) -> bool:
+    """A step's arm where requests were sent and not one succeeded."""
+    return bool(row and row.get("requests") and row.get("failures") == row["requests"])
+
+
+def _common_error(requests_jsonl: Path) -> str:
+    """The error most of a step's requests ended with, as its requests file records it."""
+    frame = read_requests(requests_jsonl)
+    if frame.empty or "error" not in frame:
+        return "no error recorded"
+    errors = frame.error.dropna().astype(str).str.slice(0, 200)
+    return errors.mode().iloc[0] if not errors.empty else "no error recorded"

@@ -130,6 +130,35 @@ def test_interrupt_keeps_every_finished_step_and_renders(runner):
     assert "Status: **interrupted**" in Path(out.markdown).read_text()
 
 
+def test_a_step_where_every_request_failed_ends_the_sweep_with_the_error(runner):
+    """A server that answers every request with an error (the bundled engine's first GPU run
+    did) is not measured look after look: the sweep keeps the step in its table, stops, and
+    says what the requests ended with."""
+    steps = FakeSteps()
+
+    def step(plan, on_live=None, rel_to=None):
+        outcome = steps(plan, on_live, rel_to)
+        if plan.arm != "spec" or plan.concurrency < 2:
+            return outcome
+        plan.run_dir.mkdir(parents=True, exist_ok=True)
+        (plan.run_dir / "requests.jsonl").write_text("".join(
+            json.dumps({"ok": False, "error": "HTTP 500: prefill failed"}) + "\n"
+            for _ in range(5)))
+        return StepOutcome({**outcome.row, "requests": 5, "failures": 5, "error_rate": 1.0},
+                           0, False, False, "")
+    r, _ = runner(steps=(1, 2, 4), workloads=("chat",), fake=step, max_step_time_s=8,
+                  pool_fn=lambda run_dir, outcomes, **kw: outcomes[-1].row)  # up to 4 looks
+    result = r.run()
+    assert result.status == "failed"
+    assert result.message.startswith("chat spec c=2: every request failed (5 of 5): HTTP 500: "
+                                     "prefill failed; requests: ")
+    assert [(p.arm, p.concurrency, p.run_dir.name) for p in steps.plans][-2:] == [
+        ("base", 2, "c2"), ("spec", 2, "c2")]  # one look: another would settle nothing
+    table = pd.read_csv(result.folder / "steps.csv")
+    assert list(table.concurrency) == [1, 1, 2, 2]
+    assert list(table.error_rate) == [0.0, 0.0, 1.0, 0.0]  # spec, base at each step
+
+
 def test_an_existing_sweep_is_never_overwritten(runner):
     r, _ = runner(steps=(1,), workloads=("chat",))
     assert r.run().status == "finished"
