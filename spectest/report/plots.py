@@ -169,8 +169,9 @@ def speedup(sweeps: list[Sweep], bps: list[list[BreakPoint]], path: Path,
                 fontsize=8, color="#d73027")
         ax.set_ylabel(ylabel, fontsize=9)
         _concurrency_axis(ax, sweeps)
-    axes[0].legend(fontsize=8, loc="best", title="workload (X crossover, ○ too few requests)",
-                   title_fontsize=8, handlelength=3.5)
+    if axes[0].get_legend_handles_labels()[0]:  # none where no step had a ratio to plot
+        axes[0].legend(fontsize=8, loc="best", title="workload (X crossover, ○ too few requests)",
+                       title_fontsize=8, handlelength=3.5)
     return _save(fig, path)
 
 

@@ -1,8 +1,13 @@
 """One real look of a sweep step (a headless Locust process against the stub server): it samples
 the server's running-requests gauge every second and keeps its engine figures beside its files,
-and a second look in ``look2`` is pooled into the same row."""
+and a second look in ``look2`` is pooled into the same row; a sweep of a server that refuses
+every request stops at its first step."""
 
 import json
+import subprocess
+import sys
+
+import pandas as pd
 
 from spectest.loadgen.runner import StubProcess
 from spectest.sweep.step import StepPlan, run_step
@@ -46,3 +51,21 @@ def test_processes_split_the_users_over_locust_workers_and_keep_one_result(tmp_p
     assert len({r["worker"] for r in req}) == 2  # both workers sent requests
     assert all(r["ok"] for r in req) and out.row["requests"] >= 10 and out.row["failures"] == 0
     assert out.row["client_cpu"] is not None and not out.row["client_saturated"]
+
+
+def test_a_sweep_of_a_server_that_fails_every_request_stops_with_its_error(tmp_path):
+    """Through the CLI: a server that refuses every request (here the stub refusing
+    ``max_tokens`` with a 400) is not measured look after look; the sweep stops after the first
+    step with the server's own message, exit 1, and keeps that step."""
+    with StubProcess("--refuse-field", "max_tokens") as url:
+        proc = subprocess.run(
+            [sys.executable, "-m", "spectest", "sweep", "--host", url, "--workloads", "chat",
+             "--steps", "1,2", "--step-time", "2", "--warmup", "1", "--max-step-time", "6",
+             "--validate-k", "off", "--out", str(tmp_path / "sweep")],
+            capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "chat spec c=1: every request failed" in last and "Unsupported param: max_tokens" \
+        in last, proc.stderr[-2000:]
+    steps = pd.read_csv(tmp_path / "sweep" / "steps.csv")
+    assert list(steps.concurrency) == [1, 1] and (steps.looks == 1).all()
