@@ -14,7 +14,9 @@ Sections, each under a time limit of its own and reported PASS / FAIL / SKIPPED 
 4. **serve** — ``spectest serve --device …`` with a short ``spectest sweep`` (code, c = 1 and
    4) and the default ``spectest audit`` against it. They need pydantic, OpenTelemetry, orjson
    and Locust, which the GPU image lacks: ``gpu_check.sh --fetch-wheels`` downloads them here
-   and the device call carries them; without them this section says SKIPPED and why.
+   and the device call carries them; without them this section says SKIPPED and why;
+5. **profile** — ``spectest profile`` on the device: a round's time at K = 0 and K = 4 split
+   into model compute, drafting, verification, host sync and Python bookkeeping.
 
 Prints one table at the end (and writes ``gpu_check.json`` to ``--out``). ``--quick`` shrinks
 every section so the script itself can be checked on a CPU in a few minutes.
@@ -228,6 +230,27 @@ def sizes_section(args) -> None:
             f"(×{r['verify_over_step']}), step b8 {r['step_b8_ms']} ms{c}")
 
 
+def profile_section(args) -> None:
+    """``spectest profile`` on the device: where a round's time goes at K = 0 and the largest K
+    (model compute, drafting, verification, host sync, Python bookkeeping)."""
+    out = args.out / "profile.json"
+    k_max = 4
+    cmd = [sys.executable, "-m", "spectest", "profile", "--device", args.device,
+           "--batch-sizes", "1" if args.quick else "1,8", "--k-max", str(k_max), "--rounds",
+           "6" if args.quick else "24", "--out", str(out)]
+    data = run_json(cmd, out, budget(args))
+    if data is None:
+        row("profile", "spectest profile", "did not finish", "FAIL")
+        return
+    for batch, by_k in data["meta"]["phases_ms"].items():
+        for k in ("0", str(k_max)):
+            phases = by_k[k]
+            total = data["step_seconds"][batch][k] * 1e3
+            row("profile", f"batch {batch}, K {k}: {total:.2f} ms a round", ", ".join(
+                f"{name} {ms:.2f}" for name, ms in phases.items() if name != "drafting" or
+                k != "0") + " ms")
+
+
 # --- 4. the server, a sweep and the audit ----------------------------------------------------
 def serve_section(args) -> None:
     s = "serve"
@@ -293,7 +316,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     ap.add_argument("--quick", action="store_true", help="shrunk sections (a CPU check)")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu-check-out")))
-    ap.add_argument("--sections", default="engine,speedup,serve,sizes")
+    ap.add_argument("--sections", default="engine,speedup,serve,sizes,profile")
     ap.add_argument("--section-timeout", type=float, default=150.0,
                     help="seconds one benchmark, sweep or audit may take")
     ap.add_argument("--deadline", type=float, default=280.0,
@@ -307,7 +330,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     args.deadline = t0 + args.deadline
     sections = {"engine": engine_section, "speedup": speedup_section, "sizes": sizes_section,
-                "serve": serve_section}
+                "serve": serve_section, "profile": profile_section}
     for name in args.sections.split(","):
         if args.deadline - time.perf_counter() < 30:
             row(name, "section", "not started", "SKIPPED", "out of time (--deadline)")

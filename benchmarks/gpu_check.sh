@@ -5,8 +5,9 @@
 # device (greedy output identical to target-only, sampled requests, host waits per round, CUDA
 # graphs), benchmarks/engine_speedup.py with transformers on the same device,
 # benchmarks/gpu_models.py (a step and a verify of K+1 tokens at SmolLM2-135M's and a 1B Llama's
-# sizes, random weights, engine against transformers), and `spectest serve --device cuda` with a
-# short sweep and the default audit against it. Prints one table.
+# sizes, random weights, engine against transformers), `spectest serve --device cuda` with a
+# short sweep and the default audit against it, and `spectest profile` on the device (where a
+# round's time goes). Prints one table. First run on an H200: 177 s (docs/results.md).
 #
 #   bash benchmarks/gpu_check.sh --fetch-wheels   # here, where pip works: the packages the GPU
 #                                                 # image lacks, into .gpu-check/wheels (~20 MB)
