@@ -18,9 +18,15 @@ from spectest.engine.int8 import QUANTIZE_CHOICES
 
 
 def _train(args) -> int:
+    from spectest.training.onpolicy import OnPolicyConfig, onpolicy_stage
     from spectest.training.train import TrainConfig, train_pair
     cfg = TrainConfig.quick(args.seed) if args.quick else TrainConfig(seed=args.seed)
-    train_pair(args.out, cfg, threads=args.threads)
+    if not args.onpolicy_only:
+        train_pair(args.out, cfg, threads=args.threads)
+    elif args.threads:
+        import torch
+        torch.set_num_threads(args.threads)
+    onpolicy_stage(args.out, cfg, OnPolicyConfig.quick() if args.quick else OnPolicyConfig())
     return 0
 
 
@@ -129,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--quick", action="store_true", help="a tiny recipe (tests)")
+    p.add_argument("--onpolicy-only", action="store_true",
+                   help="only the last stage, on the pair already in --out: distil the draft "
+                        "on the target's own continuations")
     p.set_defaults(func=_train)
 
     p = sub.add_parser("train-draft", help="train smollm2-draft, a draft for SmolLM2-135M "

@@ -34,8 +34,9 @@ correct answers.
 | held-out loss, prose (nats/token) | {t_loss['prose']} | {d_loss['prose']} |
 | training time on 2 CPU cores | {f['target_train_minutes']} min | {f['draft_train_minutes']} min |
 
-Greedy per-token agreement of draft and target on held-out text (teacher-forced: the
-per-token acceptance a greedy speculative decoder sees):
+Greedy per-token agreement of draft and target on held-out text (teacher-forced on what
+people wrote, so it is not the acceptance a speculative decoder sees on the target's own text;
+recipe step 5):
 code **{agree['code']}**, prose **{agree['prose']}** (before distillation: code
 {before['code']}, prose {before['prose']}).
 
@@ -65,17 +66,37 @@ out): {f['held_out_tokens']['code']} code and {f['held_out_tokens']['prose']} pr
    forward-KL distillation on the target's logits (plain training followed by KL fine-tuning
    beat distillation from scratch in earlier measurements), then
    {r.get('long_distill_steps', 0)} distillation steps on the long windows.
-5. Weights stored in fp16; every figure above is measured on the stored weights.
-
+{_onpolicy(f)}
 ## Rebuild
 ```
 spectest train-demo-models --seed {f['seed']} --threads {f['threads']} --out spectest/models
-# {f['total_minutes']} min here
+# {f['total_minutes']} min here (--onpolicy-only: the last stage alone, on the pair in --out)
 python benchmarks/models.py        # sizes, speed, cost ratio c, agreement by domain
 ```
 Same seed and thread count → the same tokenizer and closely matching losses
 (`tests/training/test_training_reproducible.py`). Engine-level acceptance:
 `python benchmarks/engine_speedup.py`.
+"""
+
+
+def _onpolicy(f: dict) -> str:
+    """Recipe steps 5 and 6: the on-policy stage (``training.onpolicy``), where it ran."""
+    stored = "Weights stored in fp16; every figure above is measured on the stored weights."
+    o = f.get("onpolicy")
+    if not o:
+        return f"5. {stored}\n"
+    c, b = o["config"], o["before"]["greedy_agreement"]
+    return f"""5. Draft, on the target's own outputs (`spectest/training/onpolicy.py`): the target
+   continues {o['short_rows']} training-split prompts ({c['gen']} tokens each; code windows,
+   prose windows and chat turns, half greedy, half at T = 0.8) and {o['rag_rows']} long RAG
+   conversations (median {o['rag_tokens_median']} tokens); {c['steps']} steps of forward KL over
+   the tokens the target wrote (batches of {c['batch']}, a RAG row every third step, peak
+   {c['lr']}), KL {o['kl_first']} → {o['kl_last']}, {o['minutes']} min. The draft learns how
+   this target continues, which is what it must predict when serving. Teacher-forced agreement
+   on held-out human text hardly moves (before this stage: code {b['code']}, prose
+   {b['prose']}); greedy acceptance in the engine, on the target's own text, rises
+   (`python benchmarks/draft_acceptance.py`; docs/results.md).
+6. {stored}
 """
 
 
