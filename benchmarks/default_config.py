@@ -10,7 +10,7 @@ the ratio (the geometric mean of the per-prompt ratios, with a 95 % t-interval o
 the number of prompts behind it), and whether greedy outputs were identical.
 
     python benchmarks/default_config.py [--prompts 8] [--max-tokens 128] [--threads N]
-                                        [--device auto|cpu|cuda] [--json out.json]
+                                        [--device auto|cpu|cuda] [--draft DIR] [--json out.json]
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ def complete(url: str, prompt: str, max_tokens: int, speculative: bool) -> tuple
 
 
 def measure(prompts: list[str], max_tokens: int, threads: int | None,
-            device: str = "auto") -> dict:
-    with ServerProcess(ServerSpec(threads=threads, device=device)) as url:
+            device: str = "auto", draft: str = "auto") -> dict:
+    with ServerProcess(ServerSpec(threads=threads, device=device, draft=draft)) as url:
         complete(url, prompts[0], 16, True)  # warm both paths
         complete(url, prompts[0], 16, False)
         rows = []
@@ -92,9 +92,13 @@ def main() -> int:
                     help="pass --threads N to the server (default: none, its own default)")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                     help="pass --device to the server (default auto, its own default)")
+    ap.add_argument("--draft", default="auto",
+                    help="pass --draft to the server (default auto: the shipped draft), e.g. a "
+                         "the previous draft from a git worktree")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
-    result = measure(held_out_code(args.prompts), args.max_tokens, args.threads, args.device)
+    result = measure(held_out_code(args.prompts), args.max_tokens, args.threads, args.device,
+                     args.draft)
     print(f"spectest serve (threads: {result['threads']}), held-out code, greedy, c=1, "
           f"{result['prompts']} prompts × {args.max_tokens} tokens, wall clock through HTTP:")
     print(f"  speculation on  {result['on_tok_s']:6.1f} tok/s   (acceptance "
