@@ -3,8 +3,9 @@
 Owns: :func:`onpolicy_stage` — given a trained pair on disk, has the target continue prompts of
 the training corpus with the bundled engine and fine-tunes the draft with forward KL to the
 target's distributions over the tokens the target wrote, then rewrites the draft and its
-figures. Also the pieces: the corpus prompts (:func:`corpus_prompts`, :func:`rag_prompts`), the
-target's continuations (:func:`target_rows`) and the loss (:func:`kl_generated`).
+figures. Also the pieces: the corpus prompts (:func:`corpus_prompts`, :func:`rag_prompts`) and
+the target's continuations (:func:`target_rows`); the loss is ``train.distill_loss`` over the
+tokens the target wrote.
 
 Why: the earlier stages distil on corpus text, what people wrote. Serving, the draft predicts
 what the *target* writes, and a small target's continuations (repetitive, template-like) are
@@ -30,7 +31,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from spectest.engine.api import build_engine
 from spectest.engine.loader import load_checkpoint
@@ -39,8 +39,8 @@ from spectest.engine.sampling import SamplingParams
 from spectest.files import write_atomic
 from spectest.training import corpus as corpus_mod
 from spectest.training.card import write_model_card
-from spectest.training.train import (TrainConfig, _optimizer, encode_stream, evaluate,
-                                     greedy_agreement, lr_at, save_hf)
+from spectest.training.train import (TrainConfig, encode_stream, evaluate, greedy_agreement,
+                                     save_hf, train_lm)
 
 ASSISTANT = "<|im_start|>assistant\n"
 
@@ -125,44 +125,23 @@ def target_rows(target_dir: Path, prompts: list[list[int]], gen: int, keep: int 
     return [torch.tensor(s[-(keep + gen):] if keep else s) for s in seqs.values()]
 
 
-def kl_generated(draft, target, inputs: torch.Tensor, gen: int) -> torch.Tensor:
-    """Forward KL(target ‖ draft), batch-mean over the last ``gen`` positions of inputs
-    [B, T] (the target's tokens: predicting position t reads the logits at t − 1)."""
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        draft_logprobs = F.log_softmax(draft(inputs).float(), -1)[:, -gen:]  # [B, gen, V]
-        with torch.no_grad():
-            target_logprobs = F.log_softmax(target(inputs).float(), -1)[:, -gen:]
-        return F.kl_div(draft_logprobs.flatten(0, 1), target_logprobs.flatten(0, 1),
-                        log_target=True, reduction="batchmean")
-
-
 def distill(draft, target, rows: torch.Tensor, long_rows: list[torch.Tensor],
             cfg: OnPolicyConfig, seed: int) -> list[float]:
-    """``cfg.steps`` AdamW steps: batches of short rows [batch, context + gen]; every third
-    step one long RAG row instead, when there are any. Returns the losses."""
+    """``cfg.steps`` steps of ``train.train_lm``'s distillation over the target's tokens only:
+    batches of short rows [batch, context + gen]; every third step one long RAG row instead,
+    when there are any. Returns the losses."""
+    rng = torch.Generator().manual_seed(seed)
+
+    def batches():
+        for step in range(cfg.steps):
+            if long_rows and step % 3 == 2:
+                yield long_rows[int(torch.randint(0, len(long_rows), (1,), generator=rng))][None]
+            else:
+                yield rows[torch.randint(0, len(rows), (cfg.batch,), generator=rng)]
     for weight in draft.parameters():
         weight.requires_grad_(True)
-    opt = _optimizer(draft, cfg.lr)
-    draft.train()
-    rng = torch.Generator().manual_seed(seed)
-    losses = []
-    for step in range(cfg.steps):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg.steps, cfg.lr, cfg.warmup)
-        if long_rows and step % 3 == 2:
-            inputs = long_rows[int(torch.randint(0, len(long_rows), (1,), generator=rng))]
-            inputs = inputs[None, :-1]  # [1, T]
-        else:
-            pick = torch.randint(0, len(rows), (cfg.batch,), generator=rng)
-            inputs = rows[pick][:, :-1]  # [batch, context + gen - 1]
-        loss = kl_generated(draft, target, inputs, cfg.gen)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-        opt.step()
-        losses.append(loss.item())
-    draft.eval()
-    return losses
+    return train_lm(draft, batches(), cfg.steps, cfg.lr, cfg.warmup, "draft-onpolicy",
+                    teacher=target, tail=cfg.gen)
 
 
 def onpolicy_stage(out_dir: Path, train_cfg: TrainConfig, cfg: OnPolicyConfig,

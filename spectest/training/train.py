@@ -140,10 +140,24 @@ def _optimizer(model: Transformer, lr: float) -> torch.optim.Optimizer:
                              lr=lr, betas=(0.9, 0.95))
 
 
+def distill_loss(model: Transformer, teacher: Transformer, inputs: torch.Tensor,
+                 tail: int | None = None) -> torch.Tensor:
+    """Forward KL(teacher ‖ model), batch-mean over the positions of inputs [B, T] — or over
+    the last ``tail`` of them only (predicting position t reads the logits at t − 1)."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model_logprobs = F.log_softmax(model(inputs).float(), -1)  # [B, T, V]
+        with torch.no_grad():
+            teacher_logprobs = F.log_softmax(teacher(inputs).float(), -1)
+        if tail:
+            model_logprobs, teacher_logprobs = model_logprobs[:, -tail:], teacher_logprobs[:, -tail:]
+        return F.kl_div(model_logprobs.flatten(0, 1), teacher_logprobs.flatten(0, 1),
+                        log_target=True, reduction="batchmean")
+
+
 def train_lm(model: Transformer, data, steps: int, lr: float, warmup: int, name: str,
-             teacher: Transformer | None = None) -> list[float]:
+             teacher: Transformer | None = None, tail: int | None = None) -> list[float]:
     """Cross-entropy training on ``data`` (windows [B, T+1]), or forward-KL distillation when a
-    ``teacher`` is given."""
+    ``teacher`` is given (over the last ``tail`` positions only, if given)."""
     opt = _optimizer(model, lr)
     model.train()
     losses = []
@@ -153,17 +167,12 @@ def train_lm(model: Transformer, data, steps: int, lr: float, warmup: int, name:
             group["lr"] = lr_at(step, steps, lr, warmup)
         chunk = next(data)
         inputs, targets = chunk[:, :-1], chunk[:, 1:]
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = model(inputs)  # [B, T, V]
-            if teacher is None:
+        if teacher is None:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                logits = model(inputs)  # [B, T, V]
                 loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
-            else:
-                with torch.no_grad():
-                    target_logits = teacher(inputs).float()
-                target_logprobs = F.log_softmax(target_logits, -1)  # [B, T, V]
-                draft_logprobs = F.log_softmax(logits.float(), -1)
-                loss = F.kl_div(draft_logprobs.flatten(0, 1), target_logprobs.flatten(0, 1),
-                                log_target=True, reduction="batchmean")
+        else:
+            loss = distill_loss(model, teacher, inputs, tail)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

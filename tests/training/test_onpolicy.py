@@ -13,9 +13,8 @@ import torch
 
 from spectest.engine.loader import load_checkpoint
 from spectest.training import corpus
-from spectest.training.onpolicy import (ASSISTANT, OnPolicyConfig, corpus_prompts, kl_generated,
-                                        rag_prompts)
-from spectest.training.train import TrainConfig, train_pair
+from spectest.training.onpolicy import ASSISTANT, OnPolicyConfig, corpus_prompts, rag_prompts
+from spectest.training.train import TrainConfig, distill_loss, train_pair
 
 pytestmark = pytest.mark.skipif(not corpus.DOC_ROOT.exists(),
                                 reason="needs Debian's python3.11-doc (scripts/test.sh installs it)")
@@ -52,8 +51,8 @@ def test_the_loss_is_zero_where_the_draft_is_the_target(pair):
     target = load_checkpoint(pair / "target").model.float().eval()
     draft = load_checkpoint(pair / "draft").model.float().eval()
     inputs = torch.randint(0, 500, (2, 24))
-    assert kl_generated(target, target, inputs, gen=8).item() == pytest.approx(0.0, abs=1e-3)
-    assert kl_generated(draft, target, inputs, gen=8).item() > 0.05
+    assert distill_loss(target, target, inputs, tail=8).item() == pytest.approx(0.0, abs=1e-3)
+    assert distill_loss(draft, target, inputs, tail=8).item() > 0.05
 
 
 def test_the_stage_rewrites_the_draft_and_says_what_it_did(pair, tmp_path):
