@@ -6,7 +6,8 @@ Listeners it adds:
 * ``init`` — creates the ``LoadRun`` as ``environment.spectest``, registers the master/worker
   messages, makes SIGTERM stop the run cleanly (Locust 2.47 installs its own SIGTERM handler only
   after a headless shape test ends, so during one SIGTERM killed the process before it wrote its
-  files; now it is handled as Ctrl-C, which Locust ends gracefully), checks the flags
+  files; now it is handled as Ctrl-C, which Locust ends gracefully — after the run's last files
+  are written when it arrives while they are: ``LoadRun.defer_interrupt``), checks the flags
   (headless: one readable line and exit code 2 on bad input), and
   adds a "Speculative decoding" tab to the web UI with live per-workload latency and
   acceptance plus a download of ``steps.csv``, and above that table a chart per workload over
@@ -31,7 +32,7 @@ from locust.env import Environment
 from spectest import smoke
 from spectest.loadgen import options as options_mod
 from spectest.loadgen.datasets import DatasetError, load_dataset
-from spectest.loadgen.run import MSG_DRAIN, MSG_ROWS, MSG_STEP, LoadRun, RunAborted
+from spectest.loadgen.run import MSG_DRAIN, MSG_ROWS, MSG_STEP, LoadRun, RunAborted, interrupt
 
 log = logging.getLogger("spectest")
 TAB_KEY = "spectest"
@@ -55,7 +56,7 @@ def install(events, workload: str = "chat") -> None:
 
     @events.init.add_listener
     def _init(environment: Environment, **_kw):
-        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+        signal.signal(signal.SIGTERM, lambda signum, frame: _sigterm_as_interrupt(environment))
         run = LoadRun(environment, default_workload=workload)
         environment.spectest = run
         parsed = environment.parsed_options
@@ -99,8 +100,11 @@ def install(events, workload: str = "chat") -> None:
             run.finish("interrupted")
 
 
-def _sigterm_as_interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt  # gevent re-raises it in the main greenlet, as for Ctrl-C
+def _sigterm_as_interrupt(environment: Environment) -> None:
+    run: LoadRun | None = getattr(environment, "spectest", None)
+    if run is not None and run.defer_interrupt():
+        return  # the run is writing its last files and interrupts when they are written
+    interrupt()
 
 
 def _check_flags(parsed, workload: str, headless: bool) -> None:

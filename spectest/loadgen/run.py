@@ -67,6 +67,8 @@ class LoadRun:
         self.cpu = CpuMeter()  # this process's CPU share, stamped on every request row
         self.live_charts = False  # the web UI is on: keep ``live`` (its charts' series)
         self.live: LiveSeries | None = None
+        self._finishing = False  # ``finish`` is writing the last files
+        self._interrupt_pending = False  # a stop asked for meanwhile (``defer_interrupt``)
 
     @property
     def owner(self) -> bool:
@@ -279,14 +281,40 @@ class LoadRun:
             log.warning("spectest: %d worker(s) did not send their last rows",
                         len(expected - self.drained))
 
+    def defer_interrupt(self) -> bool:
+        """A stop (SIGTERM) arrived: True when ``finish`` is writing the last files, which then
+        raises it itself once they are written. A stop asked for just as a step ends (the final
+        /metrics scrape of a busy server takes seconds) must not cost that step's files."""
+        if self._finishing:
+            self._interrupt_pending = True
+        return self._finishing
+
     def finish(self, status: str = "finished") -> None:
         if not self.active:
             return
         self.active = False
-        if self._ticker is not None and self._ticker is not gevent.getcurrent():
-            self._ticker.kill(block=False)
-        if self.sink is not None and not self.sink.closed:
-            self.sink.finish(self.scrape(), status=status)
-            for row in self.sink.rows():
-                log.info("spectest: %s", results.summary_line(row))
-            log.info("spectest: results in %s", self.opts.results_dir)
+        self._finishing = True
+        try:
+            if self._ticker is not None and self._ticker is not gevent.getcurrent():
+                self._ticker.kill(block=False)
+            if self.sink is not None and not self.sink.closed:
+                self.sink.finish(self.scrape(), status=status)
+                for row in self.sink.rows():
+                    log.info("spectest: %s", results.summary_line(row))
+                log.info("spectest: results in %s", self.opts.results_dir)
+        finally:
+            self._finishing = False
+        if self._interrupt_pending:  # the stop asked for while the files were written
+            self._interrupt_pending = False
+            interrupt()
+
+
+def interrupt() -> None:
+    """Ctrl-C, raised in a greenlet of its own: gevent's hub re-raises it in the main greenlet,
+    where Locust ends the run gracefully. Raised in the frame a signal happens to interrupt, it
+    would kill one of Locust's greenlets (exit code 2) or a write half-way."""
+    gevent.spawn(_raise_interrupt)
+
+
+def _raise_interrupt() -> None:
+    raise KeyboardInterrupt
