@@ -144,12 +144,11 @@ def distill_loss(model: Transformer, teacher: Transformer, inputs: torch.Tensor,
                  tail: int | None = None) -> torch.Tensor:
     """Forward KL(teacher ‖ model), batch-mean over the positions of inputs [B, T] — or over
     the last ``tail`` of them only (predicting position t reads the logits at t − 1)."""
+    keep = slice(-tail, None) if tail else slice(None)  # log-softmax only the kept positions
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        model_logprobs = F.log_softmax(model(inputs).float(), -1)  # [B, T, V]
+        model_logprobs = F.log_softmax(model(inputs)[:, keep].float(), -1)  # [B, tail or T, V]
         with torch.no_grad():
-            teacher_logprobs = F.log_softmax(teacher(inputs).float(), -1)
-        if tail:
-            model_logprobs, teacher_logprobs = model_logprobs[:, -tail:], teacher_logprobs[:, -tail:]
+            teacher_logprobs = F.log_softmax(teacher(inputs)[:, keep].float(), -1)
         return F.kl_div(model_logprobs.flatten(0, 1), teacher_logprobs.flatten(0, 1),
                         log_target=True, reduction="batchmean")
 
